@@ -1,0 +1,152 @@
+"""The Classifier contract: a pytree of parameters with a pure forward function.
+
+A :class:`Classifier` holds its parameters (and batch statistics) as pytree leaves and
+everything else (the forward function, class count, input shape, normalisation, name) as
+static metadata. Because of that, ``jax.jit`` over a classifier compiles once per
+architecture, and ``jax.vmap`` over a stack of same-architecture classifiers just works.
+
+Images entering a classifier are float32 NHWC in [0, 1]; the classifier applies its own
+mean/std normalisation before the network sees them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float
+
+ApplyFn = Callable[[Any, jax.Array], jax.Array]
+FeaturesFn = Callable[[Any, jax.Array], Mapping[str, jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class NNXLogits:
+    """``apply_fn`` of a Flax NNX architecture: ``nnx.merge`` then call.
+
+    Equal graph definitions give equal (and equally hashed) instances, so classifiers of
+    one architecture share every compiled program.
+    """
+
+    graphdef: Any
+
+    def __call__(self, params: Any, x: jax.Array) -> jax.Array:
+        return nnx.merge(self.graphdef, params)(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class NNXFeatures:
+    """``features_fn`` of a Flax NNX architecture.
+
+    Returns the output of every submodule, keyed by its dotted attribute path
+    (``"block1.conv"``), every value a layer recorded with
+    ``self.sow(nnx.Intermediate, name, value)`` (keyed by that name), and the network
+    output as ``"logits"``. A module called several times reports its last call.
+    """
+
+    graphdef: Any
+
+    def __call__(self, params: Any, x: jax.Array) -> dict[str, jax.Array]:
+        model = nnx.merge(self.graphdef, params)
+        _, captured = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)(x)
+        features = {}
+        for path, variable in nnx.to_flat_state(captured):
+            parts = [str(part) for part in path if part != "__call__"]
+            features[".".join(parts) or "logits"] = variable.get_value()[-1]
+        return features
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Classifier:
+    """An image classifier as a pytree: ``params`` are leaves, the rest is static.
+
+    Attributes:
+      params: parameters and batch statistics, any pytree.
+      apply_fn: pure ``apply_fn(params, x_normalised) -> logits`` of shape (B, num_classes).
+      num_classes: number of output classes.
+      input_shape: (H, W, C) of one image.
+      mean, std: per-channel normalisation applied to [0, 1] inputs before ``apply_fn``.
+      name: a readable name, used in reports.
+      features_fn: optional pure ``features_fn(params, x_normalised) -> {layer: activations}``.
+    """
+
+    params: Any
+    apply_fn: ApplyFn = dataclasses.field(metadata=dict(static=True))
+    num_classes: int = dataclasses.field(metadata=dict(static=True))
+    input_shape: tuple[int, int, int] = dataclasses.field(metadata=dict(static=True))
+    mean: tuple[float, ...] = dataclasses.field(default=(0.0,), metadata=dict(static=True))
+    std: tuple[float, ...] = dataclasses.field(default=(1.0,), metadata=dict(static=True))
+    name: str = dataclasses.field(default="classifier", metadata=dict(static=True))
+    features_fn: FeaturesFn | None = dataclasses.field(
+        default=None, metadata=dict(static=True)
+    )
+
+    def __post_init__(self):
+        if not isinstance(self.num_classes, int) or self.num_classes < 2:
+            raise ValueError(f"num_classes must be an int >= 2, got {self.num_classes!r}")
+        shape = tuple(self.input_shape)
+        if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ValueError(f"input_shape must be (H, W, C) positive ints, got {self.input_shape!r}")
+        channels = shape[-1]
+        for field in ("mean", "std"):
+            value = tuple(float(v) for v in getattr(self, field))
+            if len(value) not in (1, channels):
+                raise ValueError(
+                    f"{field} must have 1 or {channels} (channel) values, got {len(value)}"
+                )
+            object.__setattr__(self, field, value)
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"std must be positive, got {self.std}")
+        object.__setattr__(self, "input_shape", shape)
+
+    @classmethod
+    def from_nnx(
+        cls,
+        module: nnx.Module,
+        *,
+        num_classes: int,
+        input_shape: tuple[int, int, int],
+        mean: tuple[float, ...] = (0.0,),
+        std: tuple[float, ...] = (1.0,),
+        name: str | None = None,
+    ) -> Classifier:
+        """Wraps a Flax NNX module (put in eval mode) as a pure classifier.
+
+        Layers that call ``self.sow(nnx.Intermediate, name, value)`` become available
+        through :meth:`features`.
+        """
+        module.eval()
+        graphdef, state = nnx.split(module)
+        return cls(
+            params=state,
+            apply_fn=NNXLogits(graphdef),
+            features_fn=NNXFeatures(graphdef),
+            num_classes=num_classes,
+            input_shape=input_shape,
+            mean=mean,
+            std=std,
+            name=name or type(module).__name__,
+        )
+
+    def normalize(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h w c"]:
+        mean = jnp.asarray(self.mean, x.dtype)
+        std = jnp.asarray(self.std, x.dtype)
+        return (x - mean) / std
+
+    def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b k"]:
+        """Logits for images ``x`` in [0, 1]."""
+        return self.apply_fn(self.params, self.normalize(x))
+
+    def features(self, x: Float[Array, "b h w c"]) -> dict[str, jax.Array]:
+        """Intermediate activations per layer, for coverage and neuron metrics."""
+        if self.features_fn is None:
+            raise ValueError(f"classifier {self.name!r} does not expose intermediate activations")
+        return dict(self.features_fn(self.params, self.normalize(x)))
+
+    def replace(self, **changes) -> Classifier:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,55 @@
+"""Stored weights: plain nested dicts of arrays in an orbax checkpoint.
+
+Weights are saved as ``nnx.to_pure_dict(state)`` rather than the NNX state object, so the
+files do not depend on Flax's internal state layout. Loading checks every tensor's name
+and shape and names each one that is missing, unexpected or of the wrong shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+
+def _flat(tree) -> dict[str, tuple]:
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path, simple=True, separator="."): leaf for path, leaf in flat}
+
+
+def save_weights(path: str | Path, state: nnx.State) -> None:
+    """Writes the state's arrays to ``path`` (a directory, replaced if present)."""
+    tree = jax.tree.map(np.asarray, nnx.to_pure_dict(state))
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(Path(path).resolve(), tree, force=True)
+
+
+def check_compatible(expected: dict, given: dict, source: str) -> None:
+    """Raises a ValueError naming every missing, unexpected or wrongly shaped tensor."""
+    expected, given = _flat(expected), _flat(given)
+    problems = [f"missing {name} {tuple(np.shape(v))}" for name, v in expected.items() if name not in given]
+    problems += [f"unexpected {name} {tuple(np.shape(v))}" for name, v in given.items() if name not in expected]
+    problems += [
+        f"{name} has shape {tuple(np.shape(given[name]))}, expected {tuple(np.shape(v))}"
+        for name, v in expected.items()
+        if name in given and tuple(np.shape(given[name])) != tuple(np.shape(v))
+    ]
+    if problems:
+        raise ValueError(f"{source} does not fit the model: " + "; ".join(problems))
+
+
+def load_weights(path: str | Path, state: nnx.State) -> nnx.State:
+    """``state`` with its arrays replaced by those stored at ``path``."""
+    path = Path(path).resolve()
+    if not path.is_dir():
+        raise ValueError(f"no weights at {str(path)!r}")
+    with ocp.StandardCheckpointer() as checkpointer:
+        stored = checkpointer.restore(path)
+    expected = nnx.to_pure_dict(state)
+    check_compatible(expected, stored, str(path))
+    stored = jax.tree.map(lambda e, s: np.asarray(s, dtype=np.asarray(e).dtype), expected, stored)
+    nnx.replace_by_pure_dict(state, stored)
+    return state
