@@ -1,0 +1,1 @@
+"""Side-by-side throughput benchmarks: each is ``python -m benchmarks.NAME``."""

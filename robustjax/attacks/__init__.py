@@ -1,0 +1,7 @@
+"""Adversarial attacks: frozen configs called as ``attack(classifier, x, y, *, key, target=None)``."""
+
+from robustjax.attacks.base import Attack, AttackResult, get, make, names, register_attack
+from robustjax.attacks.fgsm import FGSM
+from robustjax.attacks.pgd import PGD
+
+__all__ = ["FGSM", "PGD", "Attack", "AttackResult", "get", "make", "names", "register_attack"]

@@ -1,0 +1,125 @@
+"""The attack contract: frozen configs called as pure functions, and their registry.
+
+An attack is a frozen, hashable dataclass of hyperparameters. Calling it validates the
+inputs on the host, then runs one jitted program with the config as a static argument,
+so each (architecture, attack config, input shape) compiles exactly once.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import difflib
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from robustjax.checks import check_batch
+from robustjax.classifier import Classifier
+from robustjax.losses import attack_margin
+
+
+class AttackResult(NamedTuple):
+    """What every attack returns, per example.
+
+    Attributes:
+      x_adv: adversarial images, inside the threat set and the [0, 1] box.
+      success: the classifier, re-run on ``x_adv``, no longer predicts the label
+        (untargeted) or predicts the target (targeted).
+      queries: model evaluations (forward, or forward and backward) spent on the example,
+        the final check of ``x_adv`` included.
+      margin: distance from success on ``x_adv`` (see ``losses.attack_margin``);
+        negative exactly when ``success``.
+    """
+
+    x_adv: Float[Array, "b h w c"]
+    success: Bool[Array, " b"]
+    queries: Int[Array, " b"]
+    margin: Float[Array, " b"]
+
+
+class Attack(abc.ABC):
+    """Base of all attacks: ``attack(classifier, x, y, *, key, target=None) -> AttackResult``."""
+
+    name: str = ""
+    supports_targeted: bool = True
+
+    def __call__(
+        self,
+        classifier: Classifier,
+        x: Float[Array, "b h w c"],
+        y: Int[Array, " b"],
+        *,
+        key: jax.Array,
+        target: Int[Array, " b"] | None = None,
+    ) -> AttackResult:
+        if not isinstance(classifier, Classifier):
+            raise TypeError(f"classifier must be a robustjax.Classifier, got {type(classifier).__name__}")
+        check_batch(classifier, x, y, target)
+        if target is not None and not self.supports_targeted:
+            raise ValueError(f"attack {self.name!r} has no targeted mode")
+        if not isinstance(key, jax.Array):
+            raise TypeError(f"key must be a jax PRNG key (jax.random.key(seed)), got {type(key).__name__}")
+        return _run(self, classifier, jnp.asarray(x), jnp.asarray(y, jnp.int32), key,
+                    None if target is None else jnp.asarray(target, jnp.int32))
+
+    @abc.abstractmethod
+    def run(self, classifier: Classifier, x, y, key, target) -> AttackResult:
+        """The traced attack; inputs are already validated."""
+
+    def params(self) -> dict:
+        """Hyperparameters, for reports."""
+        return dataclasses.asdict(self)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _run(attack: Attack, classifier, x, y, key, target) -> AttackResult:
+    return attack.run(classifier, x, y, key, target)
+
+
+def finalize(classifier: Classifier, x_adv, y, target, queries) -> AttackResult:
+    """Re-evaluates ``x_adv`` with the classifier (one more query) and packs the result."""
+    margin = attack_margin(classifier(x_adv), y, target)
+    return AttackResult(x_adv=x_adv, success=margin < 0, queries=queries + 1, margin=margin)
+
+
+_REGISTRY: dict[str, type[Attack]] = {}
+
+
+def register_attack(name: str):
+    """Class decorator adding an attack config class to the registry under ``name``."""
+
+    def decorator(cls: type[Attack]) -> type[Attack]:
+        if name in _REGISTRY:
+            raise ValueError(f"attack {name!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def names() -> list[str]:
+    """Names of all registered attacks."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[Attack]:
+    """The attack class registered as ``name``."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"unknown attack {name!r}{hint}; known attacks: {names()}")
+    return _REGISTRY[name]
+
+
+def make(name: str, **params) -> Attack:
+    """An attack from its registered name and hyperparameters (as in a plan file)."""
+    cls = get(name)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if unknown := sorted(set(params) - fields):
+        raise ValueError(f"attack {name!r} has no parameter(s) {unknown}; its parameters are {sorted(fields)}")
+    return cls(**params)

@@ -1,0 +1,98 @@
+"""The ``robustjax`` command line.
+
+    robustjax evaluate [--model M] [--dataset D] [--split S] [--plan FILE] [--out DIR]
+    robustjax zoo list [PATTERN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from robustjax import data, zoo
+from robustjax.classifier import Classifier
+from robustjax.evaluation import default_plan, evaluate, load_plan
+from robustjax.report import summary_table, write_report
+
+DEFAULT_MODEL = "digits_cnn"
+DEFAULT_OUT = "robustjax-report"
+
+
+def load_model(spec: str) -> Classifier:
+    """A zoo model name, or ``package.module:function`` returning a :class:`Classifier`."""
+    if ":" not in spec:
+        return zoo.create(spec)
+    module_name, _, function_name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"cannot load model {spec!r}: {error}") from None
+    classifier = factory()
+    if not isinstance(classifier, Classifier):
+        raise TypeError(f"{spec} must return a robustjax.Classifier, returned {type(classifier).__name__}")
+    return classifier
+
+
+def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
+    classifier = load_model(args.model)
+    dataset = data.load(args.dataset, args.split, image_size=args.image_size, data_dir=args.data_dir)
+    plan = load_plan(args.plan) if args.plan else default_plan(dataset.name)
+    if args.num_examples is not None:
+        plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    out = Path(args.out) / "report.json"
+    console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
+                  f"clean accuracy and {len(plan.attacks)} attack run(s); report in {out}")
+    report = evaluate(classifier, dataset, plan, on_update=lambda r: write_report(out, r))
+    console.print(summary_table(report))
+    console.print(f"report written to {out}")
+    return 0 if report["status"] == "complete" else 1
+
+
+def cmd_zoo_list(args: argparse.Namespace, console: Console) -> int:
+    for name in zoo.list_models(args.pattern):
+        entry = zoo.get_entry(name)
+        console.print(f"{name:24s} {entry.family:16s} {entry.description}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="robustjax", description="Robustness evaluation of image classifiers in JAX.")
+    commands = main.add_subparsers(dest="command", required=True)
+
+    ev = commands.add_parser("evaluate", help="run an evaluation plan and write report.json")
+    ev.add_argument("--model", default=DEFAULT_MODEL, help="zoo name or package.module:function (default: %(default)s)")
+    ev.add_argument("--dataset", default=data.DEFAULT_DATASET,
+                    help="digits, tfds:NAME, a .npz file or an image folder (default: %(default)s)")
+    ev.add_argument("--split", default="test", help="dataset split (default: %(default)s)")
+    ev.add_argument("--plan", help="TOML or JSON plan file (default: the built-in plan for the dataset)")
+    ev.add_argument("--out", default=DEFAULT_OUT, help="output folder for report.json (default: %(default)s)")
+    ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
+    ev.add_argument("--image-size", type=int, help="resize and centre-crop images to this size")
+    ev.add_argument("--data-dir", help="tfds data directory")
+    ev.set_defaults(run=cmd_evaluate)
+
+    zoo_cmd = commands.add_parser("zoo", help="the model zoo")
+    zoo_sub = zoo_cmd.add_subparsers(dest="zoo_command", required=True)
+    listing = zoo_sub.add_parser("list", help="list registered models")
+    listing.add_argument("pattern", nargs="?", default="*", help="glob pattern (default: all)")
+    listing.set_defaults(run=cmd_zoo_list)
+    return main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    console = Console()
+    try:
+        return args.run(args, console)
+    except (ValueError, TypeError) as error:
+        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Evaluation plans: which attacks to run, on how many examples, in what batches.
+
+A plan file is TOML or JSON::
+
+    batch_size = 250          # examples per compiled batch (default 128)
+    num_examples = 1000       # optional: evaluate only the first N examples
+    seed = 0                  # PRNG seed for the attacks' randomness
+
+    [[attacks]]
+    name = "pgd"              # a registered attack (robustjax.attacks.names())
+    eps = [0.05, 0.1, 0.2]    # a list of eps values expands into one run per value
+    steps = 10                # any other field of the attack's config
+
+Every attack config is built (and so validated) when the plan is read, before anything
+runs, so a malformed plan fails at once with a message naming the bad entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+from robustjax import attacks
+from robustjax.attacks.base import Attack
+
+PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A validated evaluation plan."""
+
+    attacks: tuple[Attack, ...]
+    batch_size: int = 128
+    num_examples: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        _positive_int(self.batch_size, "batch_size")
+        _positive_int(self.num_examples, "num_examples", allow_none=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"plan: seed must be an integer >= 0, got {self.seed!r}")
+
+    def as_dict(self) -> dict:
+        return {
+            "batch_size": self.batch_size,
+            "num_examples": self.num_examples,
+            "seed": self.seed,
+            "attacks": [{"name": a.name, **a.params()} for a in self.attacks],
+        }
+
+
+def _positive_int(value, where: str, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"plan: {where} must be an integer >= 1, got {value!r}")
+
+
+def _expand_attack(index: int, entry) -> list[Attack]:
+    where = f"attacks[{index}]"
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise ValueError(f"plan: {where} must be a table with a string 'name', got {entry!r}")
+    params = {k: v for k, v in entry.items() if k != "name"}
+    eps_values = params.pop("eps", None)
+    grid = eps_values if isinstance(eps_values, list) else [eps_values]
+    if not grid:
+        raise ValueError(f"plan: {where}.eps is an empty list")
+    built = []
+    for eps in grid:
+        config = params if eps is None else {**params, "eps": eps}
+        try:
+            built.append(attacks.make(entry["name"], **config))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"plan: {where} ({entry['name']}): {error}") from None
+    return built
+
+
+def plan_from_dict(raw: dict) -> Plan:
+    """A :class:`Plan` from parsed TOML/JSON, validating every field."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: expected a table at the top level, got {type(raw).__name__}")
+    if unknown := sorted(set(raw) - PLAN_KEYS):
+        raise ValueError(f"plan: unknown key(s) {unknown}; allowed keys are {sorted(PLAN_KEYS)}")
+    entries = raw.get("attacks", [])
+    if not isinstance(entries, list):
+        raise ValueError(f"plan: 'attacks' must be a list of tables, got {type(entries).__name__}")
+    built = tuple(a for i, entry in enumerate(entries) for a in _expand_attack(i, entry))
+    settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed") if key in raw}
+    return Plan(attacks=built, **settings)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Reads a ``.toml`` or ``.json`` plan file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no plan file at {str(path)!r}")
+    text = path.read_text()
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"plan {path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {error}") from None
+    return plan_from_dict(raw)
+
+
+def default_plan(dataset_name: str) -> Plan:
+    """The built-in plan: ``digits.toml`` for the embedded digits, ``default.toml`` otherwise."""
+    name = "digits.toml" if dataset_name.startswith("digits") else "default.toml"
+    text = resources.files("robustjax.evaluation").joinpath("plans", name).read_text()
+    return plan_from_dict(tomllib.loads(text))

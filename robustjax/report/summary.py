@@ -1,0 +1,48 @@
+"""A readable terminal summary of a report."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+SHOWN_PARAMS = ("eps", "steps")
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def _label(section: dict) -> str:
+    params = section["params"]
+    shown = [f"{k}={_number(params[k]) if isinstance(params[k], float) else params[k]}"
+             for k in SHOWN_PARAMS if k in params]
+    norm = [params["norm"]] if "norm" in params else []
+    return " ".join([section["name"], *norm, *shown])
+
+
+def summary_table(report: dict) -> Table:
+    """One row for clean accuracy, one per attack."""
+    model, dataset = report["model"]["name"], report["dataset"]
+    table = Table(title=f"{model} on {dataset['name']} ({dataset['num_examples']} examples)")
+    table.add_column("evaluation", no_wrap=True)
+    for column in ("accuracy", "success", "Linf", "L2", "queries", "time s (compile)"):
+        table.add_column(column, justify="right", no_wrap=True)
+    clean = report["clean"]
+    if clean is not None:
+        timing = clean["timing"]
+        table.add_row("clean", _percent(clean["accuracy"]), "", "", "", "1",
+                      f"{timing['wall_s']:.1f} ({timing['compile_s']:.1f})")
+    for section in report["attacks"]:
+        if section["status"] != "ok":
+            table.add_row(_label(section), "failed", section.get("error", ""), "", "", "", "")
+            continue
+        timing, norms = section["timing"], section["perturbation"]
+        table.add_row(
+            _label(section), _percent(section["robust_accuracy"]), _percent(section["attack_success_rate"]),
+            _number(norms["linf_mean"]), _number(norms["l2_mean"]), f"{section['queries_mean']:.1f}",
+            f"{timing['wall_s']:.1f} ({timing['compile_s']:.1f})",
+        )
+    return table
