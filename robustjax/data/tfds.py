@@ -50,7 +50,7 @@ def from_tfds(
         raise ValueError(f"cannot read tfds {name!r} split {split!r}: {error}") from None
 
     def read(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        examples = source.__getitems__([int(i) for i in indices])
+        examples = [source[int(i)] for i in indices]
         images = [np.asarray(example[image_key]) for example in examples]
         if image_size is not None:
             images = [

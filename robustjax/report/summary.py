@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 
 SHOWN_PARAMS = ("eps", "steps")
@@ -11,7 +12,7 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def _number(value: float | None, digits: int = 4) -> str:
+def _number(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 
 
@@ -26,9 +27,11 @@ def _label(section: dict) -> str:
 def summary_table(report: dict) -> Table:
     """One row for clean accuracy, one per attack."""
     model, dataset = report["model"]["name"], report["dataset"]
-    table = Table(title=f"{model} on {dataset['name']} ({dataset['num_examples']} examples)")
-    table.add_column("evaluation", no_wrap=True)
-    for column in ("accuracy", "success", "Linf", "L2", "queries", "time s (compile)"):
+    table = Table(title=f"{model} on {dataset['name']} ({dataset['num_examples']} examples)",
+                  box=box.SIMPLE_HEAD, caption="success: share of correctly classified examples the "
+                  "attack fooled; norms: mean over those; time: seconds, of which compiling")
+    table.add_column("evaluation", ratio=1)
+    for column in ("accuracy", "success", "Linf", "L2", "queries", "time"):
         table.add_column(column, justify="right", no_wrap=True)
     clean = report["clean"]
     if clean is not None:

@@ -1,0 +1,28 @@
+"""Test setup: 8 simulated CPU devices (before jax is imported), shared fixtures."""
+
+import os
+
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]
+).strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import robustjax as rj  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def digits_clf() -> rj.Classifier:
+    return rj.zoo.create("digits_cnn")
+
+
+@pytest.fixture(scope="session")
+def digits_batch() -> tuple[np.ndarray, np.ndarray]:
+    return rj.data.digits("test").arrays(limit=32)
+
+
+@pytest.fixture
+def key() -> jax.Array:
+    return jax.random.key(0)

@@ -1,0 +1,58 @@
+"""Small models with known answers, and a compile counter."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import robustjax as rj
+
+
+def linear_apply(params, x):
+    """Logits of a linear classifier on flattened images."""
+    return x.reshape(x.shape[0], -1) @ params["w"] + params["b"]
+
+
+def linear_classifier(w: np.ndarray, b: np.ndarray, input_shape=(4, 4, 1)) -> rj.Classifier:
+    """A linear classifier ``logits = flatten(x) @ w + b`` with no normalisation."""
+    return rj.Classifier(
+        params={"w": jnp.asarray(w, jnp.float32), "b": jnp.asarray(b, jnp.float32)},
+        apply_fn=linear_apply,
+        num_classes=w.shape[1],
+        input_shape=input_shape,
+        name="linear",
+    )
+
+
+def random_linear_classifier(seed: int = 0, num_classes: int = 3, input_shape=(4, 4, 1)) -> rj.Classifier:
+    rng = np.random.default_rng(seed)
+    dim = int(np.prod(input_shape))
+    return linear_classifier(rng.normal(size=(dim, num_classes)), rng.normal(size=num_classes), input_shape)
+
+
+def tiny_model() -> rj.Classifier:
+    """Used by the CLI tests as ``--model tests.helpers:tiny_model``."""
+    return rj.zoo.create("digits_cnn", pretrained=False)
+
+
+def not_a_model():
+    return "not a classifier"
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Counts XLA backend compilations inside the block: ``with count_compiles() as n: ...; n[0]``."""
+    count = [0]
+
+    def listener(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield count
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

@@ -1,0 +1,190 @@
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+import robustjax as rj
+from robustjax.attacks import threat
+from tests.helpers import count_compiles, linear_classifier, random_linear_classifier
+
+# One strong-enough configuration per registered attack, on images in [0, 1].
+CONFIGS = {
+    "fgsm": dict(eps=0.1),
+    "pgd": dict(eps=0.1, steps=5),
+}
+NORM_OF = {"fgsm": "linf"}
+
+
+def test_every_registered_attack_has_a_contract_config():
+    assert set(rj.attacks.names()) == set(CONFIGS)
+
+
+def _attack_variants():
+    for name, config in CONFIGS.items():
+        yield name, config
+        if name == "pgd":
+            yield name, {**config, "norm": "l2", "eps": 0.5}
+
+
+@pytest.mark.parametrize("name, config", list(_attack_variants()))
+def test_attack_contract(name, config, digits_clf, digits_batch, key):
+    x, y = digits_batch
+    attack = rj.attacks.make(name, **config)
+    result = attack(digits_clf, x, y, key=key)
+    assert result.x_adv.shape == x.shape and result.x_adv.dtype == x.dtype
+    assert result.success.shape == result.queries.shape == result.margin.shape == y.shape
+    assert bool(jnp.all(jnp.isfinite(result.x_adv)))
+    assert float(result.x_adv.min()) >= 0.0 and float(result.x_adv.max()) <= 1.0
+    norm = config.get("norm", NORM_OF.get(name, "linf"))
+    assert float(threat.per_example_norm(result.x_adv - x, norm).max()) <= config["eps"] * (1 + 1e-5)
+    # Success is what the classifier says about the returned images.
+    predicted = np.argmax(digits_clf(result.x_adv), -1)
+    np.testing.assert_array_equal(result.success, predicted != y)
+    np.testing.assert_array_equal(result.success, result.margin < 0)
+    assert int(result.queries.min()) >= 2
+    again = attack(digits_clf, x, y, key=key)
+    np.testing.assert_array_equal(again.x_adv, result.x_adv)
+    with count_compiles() as compiles:
+        attack(digits_clf, x, y, key=jax.random.key(7))
+    assert compiles[0] == 0, "a second call with a new key must not recompile"
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_targeted_attacks_reach_the_target(name, key):
+    clf = random_linear_classifier(seed=1, num_classes=3)
+    x = jax.random.uniform(jax.random.key(2), (16, 4, 4, 1), minval=0.3, maxval=0.7)
+    y = jnp.argmax(clf(x), -1)
+    target = (y + 1) % 3
+    attack = rj.attacks.make(name, **{**CONFIGS[name], "eps": 0.3})
+    result = attack(clf, x, y, key=key, target=target)
+    predicted = np.argmax(clf(result.x_adv), -1)
+    np.testing.assert_array_equal(result.success, predicted == target)
+    assert float(result.success.mean()) >= 0.9
+
+
+def test_fgsm_equals_eps_times_sign_of_the_analytic_gradient():
+    """For logits z = Wx + b, d CE / dx = W (softmax(z) - onehot(y))."""
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(16, 4)), rng.normal(size=4)
+    clf = linear_classifier(w, b)
+    x = rng.uniform(0.2, 0.8, (8, 4, 4, 1)).astype(np.float32)
+    y = rng.integers(0, 4, 8).astype(np.int32)
+    logits = x.reshape(8, -1) @ w + b
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    grad = (probs - np.eye(4)[y]) @ w.T
+    eps = 0.05
+    expected = np.clip(x + eps * np.sign(grad).reshape(x.shape), 0, 1)
+    result = rj.attacks.FGSM(eps=eps)(clf, x, y, key=jax.random.key(0))
+    np.testing.assert_allclose(result.x_adv, expected, atol=1e-7)
+
+
+def test_pgd_l2_succeeds_exactly_below_the_linear_margin():
+    """Binary linear model: the minimal L2 perturbation is |w.x + b| / ||w||."""
+    rng = np.random.default_rng(1)
+    direction = rng.normal(size=16)
+    w = np.stack([np.zeros(16), direction], axis=1)  # logit gap z1 - z0 = direction . x
+    clf = linear_classifier(w, np.zeros(2))
+    eps = 0.2
+    distances = np.array([0.5, 0.8, 0.95, 1.05, 1.3, 2.0]) * eps
+    unit = direction / np.linalg.norm(direction)
+    x = 0.5 + np.outer(distances, unit)  # the boundary passes through 0.5 * ones shifted
+    x -= np.outer((0.5 * np.ones(16)) @ unit, unit)  # remove the component of the 0.5 offset
+    x = x.reshape(-1, 4, 4, 1).astype(np.float32)
+    assert 0 < x.min() and x.max() < 1
+    margin = x.reshape(len(x), -1) @ direction / np.linalg.norm(direction)
+    np.testing.assert_allclose(margin, distances, rtol=1e-5)
+    y = np.ones(len(x), np.int32)
+    result = rj.attacks.PGD(eps=eps, norm="l2", steps=20, random_start=False)(clf, x, y, key=jax.random.key(0))
+    np.testing.assert_array_equal(result.success, distances < eps)
+
+
+def test_early_stop_keeps_the_first_successful_iterate(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    stopped = rj.attacks.PGD(eps=0.2, steps=10)(digits_clf, x, y, key=key)
+    assert bool(stopped.success.any())
+    assert int(stopped.queries[stopped.success].min()) < 11  # stopped before the last step
+    assert int(stopped.queries.max()) <= 11
+    full = rj.attacks.PGD(eps=0.2, steps=10, early_stop=False)(digits_clf, x, y, key=key)
+    assert bool(jnp.all(full.queries == 11))
+    assert float(stopped.success.mean()) >= float(full.success.mean())
+
+
+def test_rolled_and_unrolled_loops_agree(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    rolled = rj.attacks.PGD(eps=0.1, steps=4, unroll=False)(digits_clf, x, y, key=key)
+    unrolled = rj.attacks.PGD(eps=0.1, steps=4, unroll=True)(digits_clf, x, y, key=key)
+    np.testing.assert_allclose(rolled.x_adv, unrolled.x_adv, atol=1e-6)
+
+
+def test_sharded_batch_gives_the_same_result(digits_clf, digits_batch, key):
+    assert jax.device_count() == 8
+    x, y = digits_batch
+    mesh = jax.make_mesh((8,), ("batch",))
+    shard = NamedSharding(mesh, PartitionSpec("batch"))
+    attack = rj.attacks.PGD(eps=0.1, steps=3)
+    local = attack(digits_clf, x, y, key=key)
+    sharded = attack(digits_clf, jax.device_put(x, shard), jax.device_put(y, shard), key=key)
+    np.testing.assert_allclose(sharded.x_adv, local.x_adv, atol=1e-6)
+    np.testing.assert_array_equal(sharded.success, local.success)
+
+
+def test_l2_random_start_is_inside_the_ball_and_not_crowded_at_the_centre():
+    x = jnp.full((4000, 4, 4, 1), 0.5)
+    start = threat.random_start(jax.random.key(0), x, 0.3, "l2")
+    radius = np.asarray(threat.per_example_norm(start - x, "l2"))
+    assert radius.max() <= 0.3 + 1e-6
+    # Uniform in a 16-dimensional ball: P(r < eps/2) = 2^-16.
+    assert (radius < 0.15).mean() < 0.01
+
+
+@pytest.mark.parametrize(
+    "make_attack, message",
+    [
+        (lambda: rj.attacks.PGD(norm="l3"), "norm must be one of"),
+        (lambda: rj.attacks.PGD(eps=-0.1), "eps must be finite and >= 0"),
+        (lambda: rj.attacks.PGD(eps=float("nan")), "eps must be finite"),
+        (lambda: rj.attacks.FGSM(eps=float("inf")), "eps must be finite"),
+        (lambda: rj.attacks.PGD(steps=0), "steps must be an integer >= 1"),
+        (lambda: rj.attacks.PGD(unroll=0), "unroll"),
+        (lambda: rj.attacks.make("pgdd"), "did you mean 'pgd'"),
+        (lambda: rj.attacks.make("pgd", epsilon=0.1), r"no parameter\(s\) \['epsilon'\]"),
+    ],
+)
+def test_bad_hyperparameters_are_refused(make_attack, message):
+    with pytest.raises(ValueError, match=message):
+        make_attack()
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (dict(x=lambda x: x.at[0, 0, 0, 0].set(np.nan)), ValueError, "NaN"),
+        (dict(x=lambda x: x * 2), ValueError, r"\[0, 1\]"),
+        (dict(x=lambda x: np.asarray(x, np.float64)), TypeError, "float32"),
+        (dict(x=lambda x: x[:, :4]), ValueError, "classifier expects"),
+        (dict(y=lambda y: y.at[0].set(10)), ValueError, r"\[0, 10\)"),
+        (dict(y=lambda y: y[:3]), ValueError, "must have shape"),
+        (dict(target=lambda y: y), ValueError, "target equals the true label"),
+        (dict(target=lambda y: (y + 1) % 10 + 10), ValueError, r"target must be class indices"),
+        (dict(key=lambda k: 0), TypeError, "PRNG key"),
+    ],
+)
+def test_bad_inputs_fail_before_tracing(change, error, message, digits_clf, digits_batch):
+    x, y = (jnp.asarray(a) for a in digits_batch)
+    args = dict(x=x, y=y, key=jax.random.key(0), target=None)
+    for name, modify in change.items():
+        args[name] = modify(y if name == "target" else args[name])
+    with pytest.raises(error, match=message):
+        rj.attacks.PGD(eps=0.1, steps=2)(digits_clf, args["x"], args["y"], key=args["key"], target=args["target"])
+
+
+def test_attacks_are_hashable_frozen_configs():
+    a, b = rj.attacks.PGD(eps=0.1), rj.attacks.PGD(eps=0.1)
+    assert a == b and hash(a) == hash(b)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.eps = 0.2
+    assert a.params()["eps"] == 0.1

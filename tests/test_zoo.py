@@ -1,0 +1,65 @@
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import robustjax as rj
+from robustjax.zoo.digits_cnn import DigitsCNN, card
+from robustjax.zoo.weights import load_weights, save_weights
+from tests.helpers import count_compiles
+
+
+def test_registry_lists_the_default_model():
+    assert "digits_cnn" in rj.zoo.list_models()
+    assert rj.zoo.list_models("digits*") == ["digits_cnn"]
+    assert rj.zoo.list_models("resnet*") == []
+
+
+def test_unknown_model_suggests_close_names():
+    with pytest.raises(ValueError, match="did you mean 'digits_cnn'"):
+        rj.zoo.create("digit_cnn")
+
+
+def test_pretrained_digits_cnn_is_accurate(digits_clf):
+    x, y = rj.data.digits("test").arrays()
+    accuracy = float(np.mean(np.argmax(digits_clf(x), -1) == y))
+    assert accuracy >= 0.95
+    assert accuracy == pytest.approx(card()["metrics"]["digits/test clean accuracy"], abs=1e-3)
+
+
+def test_card_matches_the_model(digits_clf):
+    info = card()
+    assert info["num_params"] == rj.zoo.count_params(digits_clf)
+    assert info["flops"] == pytest.approx(rj.zoo.count_flops(digits_clf), rel=0.01)
+    assert tuple(info["input_shape"]) == digits_clf.input_shape
+    assert tuple(info["normalization"]["mean"]) == digits_clf.mean
+
+
+def test_every_registered_model_builds_runs_and_jits_once():
+    for name in rj.zoo.list_models():
+        clf = rj.zoo.create(name, pretrained=False, key=jax.random.key(1))
+        x = np.zeros((2, *clf.input_shape), np.float32)
+        forward = jax.jit(lambda c, images: c(images))
+        assert forward(clf, x).shape == (2, clf.num_classes)
+        with count_compiles() as compiles:
+            forward(clf, x + 0.5)
+        assert compiles[0] == 0
+
+
+def test_weights_round_trip_and_mismatch_names_each_tensor(tmp_path):
+    module = DigitsCNN(rngs=nnx.Rngs(3))
+    save_weights(tmp_path / "w", nnx.state(module))
+    restored = load_weights(tmp_path / "w", nnx.state(DigitsCNN(rngs=nnx.Rngs(4))))
+    for a, b in zip(jax.tree.leaves(nnx.state(module)), jax.tree.leaves(restored)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError) as error:
+        load_weights(tmp_path / "w", nnx.state(DigitsCNN(num_classes=7, rngs=nnx.Rngs(0))))
+    assert "head.kernel has shape (128, 10), expected (128, 7)" in str(error.value)
+    assert "head.bias" in str(error.value)
+    with pytest.raises(ValueError, match="no weights"):
+        load_weights(tmp_path / "missing", nnx.state(module))
+
+
+def test_pretrained_needs_ten_classes():
+    with pytest.raises(ValueError, match="10 classes"):
+        rj.zoo.create("digits_cnn", num_classes=3)
