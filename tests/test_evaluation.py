@@ -1,0 +1,78 @@
+import dataclasses
+
+import jsonschema
+import numpy as np
+import pytest
+
+import robustjax as rj
+from robustjax.attacks.base import Attack
+from robustjax.evaluation import Plan, evaluate
+from robustjax.report import schema, write_report
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokenAttack(Attack):
+    name = "broken"
+
+    def run(self, classifier, x, y, key, target):
+        raise RuntimeError("this attack always fails")
+
+
+@pytest.fixture(scope="module")
+def small_report(digits_clf):
+    plan = Plan(attacks=(rj.attacks.FGSM(eps=0.1), rj.attacks.PGD(eps=0.2, steps=5)), batch_size=20, num_examples=50)
+    updates = []
+    report = evaluate(digits_clf, rj.data.digits("test"), plan, on_update=lambda r: updates.append(len(r["attacks"])))
+    return report, updates
+
+
+def test_report_follows_the_schema(small_report, tmp_path):
+    report, _ = small_report
+    jsonschema.validate(report, schema())
+    write_report(tmp_path / "out" / "report.json", report)
+    assert (tmp_path / "out" / "report.json").read_text().startswith("{")
+    assert report["status"] == "complete" and report["dataset"]["num_examples"] == 50
+    assert report["environment"]["device_count"] == 8
+
+
+def test_counts_ignore_the_padding_of_the_last_batch(small_report, digits_clf):
+    report, _ = small_report
+    x, y = rj.data.digits("test").arrays(limit=50)  # 50 examples: batches of 24, 24, 2 (+22 padding)
+    expected = float(np.mean(np.argmax(digits_clf(x), -1) == y))
+    assert report["clean"]["accuracy"] == pytest.approx(expected)
+    assert report["clean"]["num_correct"] == round(expected * 50)
+
+
+def test_robust_accuracy_is_consistent(small_report):
+    report, _ = small_report
+    clean = report["clean"]
+    fgsm, pgd = report["attacks"]
+    for section in (fgsm, pgd):
+        assert section["robust_accuracy"] <= clean["accuracy"]
+        robust_count = round(section["robust_accuracy"] * 50)
+        assert robust_count + section["num_adversarial"] == clean["num_correct"]
+        assert section["perturbation"]["linf_mean"] <= section["params"]["eps"] + 1e-6
+        assert section["timing"]["compile_s"] > 0
+    assert pgd["robust_accuracy"] < clean["accuracy"]
+    assert fgsm["queries_mean"] == 2.0 and pgd["queries_mean"] <= 6.0
+
+
+def test_report_is_handed_over_after_every_section(small_report):
+    _, updates = small_report
+    assert updates == [0, 1, 2, 2]
+
+
+def test_a_failing_attack_is_recorded_and_the_plan_goes_on(digits_clf):
+    plan = Plan(attacks=(BrokenAttack(), rj.attacks.FGSM(eps=0.1)), batch_size=16, num_examples=16)
+    report = evaluate(digits_clf, rj.data.digits("test"), plan)
+    jsonschema.validate(report, schema())
+    broken, fgsm = report["attacks"]
+    assert broken["status"] == "failed" and "always fails" in broken["error"]
+    assert fgsm["status"] == "ok"
+    assert report["status"] == "incomplete"
+
+
+def test_dataset_and_model_must_fit(digits_clf):
+    images = np.zeros((4, 16, 16, 1), np.float32)
+    with pytest.raises(ValueError, match=r"shape \(16, 16, 1\), model 'digits_cnn' expects \(8, 8, 1\)"):
+        evaluate(digits_clf, rj.data.from_arrays(images, np.arange(4)), Plan(attacks=()))
