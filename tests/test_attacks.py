@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import robustjax as rj
 from robustjax.attacks import threat
@@ -123,7 +123,7 @@ def test_rolled_and_unrolled_loops_agree(digits_clf, digits_batch, key):
 def test_sharded_batch_gives_the_same_result(digits_clf, digits_batch, key):
     assert jax.device_count() == 8
     x, y = digits_batch
-    mesh = jax.make_mesh((8,), ("batch",))
+    mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Auto,))
     shard = NamedSharding(mesh, PartitionSpec("batch"))
     attack = rj.attacks.PGD(eps=0.1, steps=3)
     local = attack(digits_clf, x, y, key=key)

@@ -28,11 +28,11 @@ def test_twin_has_the_same_logits(digits_clf, twin, batch):
     np.testing.assert_allclose(twin(to_nchw(x)).detach().numpy(), digits_clf(x), atol=1e-4)
 
 
-def _compare(ours: rj.attacks.Attack, theirs, digits_clf, batch, only=slice(None)):
+def _compare(ours: rj.attacks.Attack, theirs, digits_clf, batch, only=slice(None), atol=1e-5):
     x, y = batch
     expected = to_nhwc(theirs(to_nchw(x), torch.from_numpy(y).long()))
     result = ours(digits_clf, x, y, key=jax.random.key(0))
-    np.testing.assert_allclose(np.asarray(result.x_adv)[only], expected[only], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(result.x_adv)[only], expected[only], atol=atol)
 
 
 def test_fgsm_matches(digits_clf, twin, batch):
@@ -59,4 +59,6 @@ def test_pgd_l2_matches(digits_clf, twin, batch):
     determined = np.linalg.norm(np.asarray(grad).reshape(len(x), -1), axis=1) > 1e-7
     assert determined.sum() >= 48
     theirs = torchattacks.PGDL2(twin, eps=1.0, alpha=0.2, steps=10, random_start=False, eps_for_division=1e-30)
-    _compare(ours, theirs, digits_clf, batch, only=determined)
+    # Unlike sign steps, normalised-gradient steps carry the two conv implementations'
+    # float32 rounding from step to step, hence a looser tolerance after 10 steps.
+    _compare(ours, theirs, digits_clf, batch, only=determined, atol=5e-5)

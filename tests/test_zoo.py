@@ -63,3 +63,16 @@ def test_weights_round_trip_and_mismatch_names_each_tensor(tmp_path):
 def test_pretrained_needs_ten_classes():
     with pytest.raises(ValueError, match="10 classes"):
         rj.zoo.create("digits_cnn", num_classes=3)
+
+
+def test_max_pool_matches_flax_and_routes_gradients_to_the_first_maximum():
+    from robustjax.zoo.layers import max_pool_2x2
+
+    x = jax.random.normal(jax.random.key(0), (2, 6, 4, 3))
+    np.testing.assert_array_equal(max_pool_2x2(x), nnx.max_pool(x, (2, 2), strides=(2, 2)))
+    reference = jax.grad(lambda v: (nnx.max_pool(v, (2, 2), strides=(2, 2)) ** 2).sum())(x)
+    np.testing.assert_allclose(jax.grad(lambda v: (max_pool_2x2(v) ** 2).sum())(x), reference, rtol=1e-6)
+    tied = np.ones((1, 2, 2, 1), np.float32)  # all four equal: the first one gets it all
+    np.testing.assert_array_equal(jax.grad(lambda v: max_pool_2x2(v).sum())(tied)[0, :, :, 0], [[1, 0], [0, 0]])
+    with pytest.raises(ValueError, match="even height and width"):
+        max_pool_2x2(np.zeros((1, 3, 4, 1), np.float32))

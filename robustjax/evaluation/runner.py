@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import robustjax
 from robustjax.attacks.base import Attack
@@ -35,7 +35,7 @@ class DataParallel:
 
     def __init__(self, batch_size: int):
         devices = jax.local_devices()
-        self.mesh = jax.make_mesh((len(devices),), ("batch",), devices=devices)
+        self.mesh = jax.make_mesh((len(devices),), ("batch",), devices=devices, axis_types=(AxisType.Auto,))
         # Round up so that every device gets the same number of examples.
         self.batch_size = -(-batch_size // len(devices)) * len(devices)
         self.sharded = NamedSharding(self.mesh, PartitionSpec("batch"))

@@ -7,6 +7,7 @@ from flax import nnx
 
 from robustjax.classifier import Classifier
 from robustjax.zoo.assets import asset_dir, read_card
+from robustjax.zoo.layers import max_pool_2x2
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.weights import load_weights
 
@@ -49,7 +50,7 @@ class DigitsCNN(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = self.block2(self.block1(x))
-        x = nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+        x = max_pool_2x2(x)
         x = self.block3(x)
         x = self.fc1(x.reshape(x.shape[0], -1))
         return self.head(x)

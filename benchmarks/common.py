@@ -1,0 +1,90 @@
+"""Shared pieces of the benchmarks: timing, machine facts, the ratio table and JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_facts(peers: tuple[str, ...]) -> dict:
+    devices = jax.devices()
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "versions": {name: version(name) for name in ("jax", "jaxlib", "flax", *peers)},
+        "python": platform.python_version(),
+    }
+
+
+def seconds_per_call(call: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """(first call, median of ``repeats`` later calls) in seconds; ``call`` must block."""
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return first, statistics.median(times)
+
+
+def arguments(description: str, batch_size: int) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls after the first (median taken)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
+    return parser.parse_args()
+
+
+def report(name: str, rows: list[dict], facts: dict, settings: dict, out: Path) -> Path:
+    """Prints the table of images/s and ratios, and writes the JSON results."""
+    print(f"{'benchmark':34s} {'robustjax img/s':>16s} {'peer img/s':>11s} {'ratio':>6s} {'compile s':>10s}")
+    for row in rows:
+        print(f"{row['name']:34s} {row['robustjax_images_per_s']:16.1f} {row['peer_images_per_s']:11.1f} "
+              f"{row['ratio']:6.2f} {row['robustjax_compile_s']:10.2f}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.{facts['backend']}.json"
+    payload = {
+        "benchmark": name,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": facts,
+        "settings": settings,
+        "results": rows,
+    }
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"written to {path}")
+    return path
