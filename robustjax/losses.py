@@ -38,3 +38,24 @@ def attack_margin(logits: Float[Array, "b k"], labels: Int[Array, " b"], target:
 def attack_cross_entropy(logits: Float[Array, "b k"], labels: Int[Array, " b"], target: Int[Array, " b"] | None) -> Float[Array, " b"]:
     """Cross-entropy objective: CE of the true label (untargeted), minus CE of the target (targeted)."""
     return cross_entropy(logits, labels) if target is None else -cross_entropy(logits, target)
+
+
+def dlr(logits: Float[Array, "b k"], labels: Int[Array, " b"]) -> Float[Array, " b"]:
+    """Difference of Logits Ratio loss (Croce & Hein, "Reliable evaluation of adversarial
+    robustness with an ensemble of diverse parameter-free attacks", ICML 2020):
+    ``-(z_y - max_{j != y} z_j) / (z_pi1 - z_pi3)``, with ``z_pi`` the logits sorted in
+    decreasing order. Invariant to shifting and scaling the logits. Needs >= 3 classes.
+    """
+    ordered = jnp.sort(logits, axis=-1)
+    scale = ordered[:, -1] - ordered[:, -3] + 1e-12
+    return -margin(logits, labels) / scale
+
+
+def targeted_dlr(logits: Float[Array, "b k"], labels: Int[Array, " b"], target: Int[Array, " b"]) -> Float[Array, " b"]:
+    """Targeted DLR (Croce & Hein 2020): ``-(z_y - z_t) / (z_pi1 - (z_pi3 + z_pi4) / 2)``.
+    Needs >= 4 classes."""
+    ordered = jnp.sort(logits, axis=-1)
+    scale = ordered[:, -1] - 0.5 * (ordered[:, -3] + ordered[:, -4]) + 1e-12
+    true = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    aimed = jnp.take_along_axis(logits, target[:, None], axis=-1)[:, 0]
+    return -(true - aimed) / scale
