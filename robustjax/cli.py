@@ -46,7 +46,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         plan = dataclasses.replace(plan, num_examples=args.num_examples)
     out = Path(args.out) / "report.json"
     console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
-                  f"clean accuracy and {len(plan.attacks)} attack run(s); report in {out}")
+                  f"clean accuracy and {sum(len(run.entries()) for run in plan.runs)} attack run(s); report in {out}")
     report = evaluate(classifier, dataset, plan, on_update=lambda r: write_report(out, r))
     console.print(summary_table(report))
     console.print(f"report written to {out}")

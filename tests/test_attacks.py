@@ -14,6 +14,7 @@ from tests.helpers import count_compiles, linear_classifier, random_linear_class
 CONFIGS = {
     "fgsm": dict(eps=0.1),
     "pgd": dict(eps=0.1, steps=5),
+    "mifgsm": dict(eps=0.1, steps=5),
 }
 NORM_OF = {"fgsm": "linf"}
 
@@ -25,7 +26,7 @@ def test_every_registered_attack_has_a_contract_config():
 def _attack_variants():
     for name, config in CONFIGS.items():
         yield name, config
-        if name == "pgd":
+        if name in ("pgd", "mifgsm"):
             yield name, {**config, "norm": "l2", "eps": 0.5}
 
 
@@ -188,3 +189,36 @@ def test_attacks_are_hashable_frozen_configs():
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.eps = 0.2
     assert a.params()["eps"] == 0.1
+
+
+def test_sweep_equals_separate_runs_and_keeps_the_worst_restart(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    attack = rj.attacks.PGD(eps=0.1, steps=5, random_start=False)
+    grid = [0.05, 0.1, 0.2]
+    swept = attack.sweep(digits_clf, x, y, key=key, eps=grid)
+    assert swept.x_adv.shape == (3, *x.shape) and swept.success.shape == (3, len(y))
+    for i, eps in enumerate(grid):
+        single = rj.attacks.PGD(eps=eps, steps=5, random_start=False)(digits_clf, x, y, key=key)
+        np.testing.assert_allclose(swept.x_adv[i], single.x_adv, atol=1e-6)
+        np.testing.assert_array_equal(swept.success[i], single.success)
+    restarted = rj.attacks.PGD(eps=0.1, steps=5).sweep(digits_clf, x, y, key=key, restarts=4)
+    keys = jax.random.split(key, 4)
+    margins = np.stack([rj.attacks.PGD(eps=0.1, steps=5).run(digits_clf, x, y, k, None).margin for k in keys])
+    np.testing.assert_allclose(restarted.margin[0], margins.min(axis=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(restarted.success[0], (margins < 0).any(axis=0))
+    assert float(threat.per_example_norm(restarted.x_adv[0] - x, "linf").max()) <= 0.1 + 1e-6
+
+
+def test_sweep_compiles_once_and_refuses_bad_grids(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    attack = rj.attacks.FGSM()
+    attack.sweep(digits_clf, x, y, key=key, eps=[0.1, 0.2])
+    with count_compiles() as compiles:
+        attack.sweep(digits_clf, x, y, key=jax.random.key(3), eps=[0.3, 0.01])
+    assert compiles[0] == 0, "new epsilons of the same grid size must not recompile"
+    with pytest.raises(ValueError, match="every eps must be finite and >= 0"):
+        attack.sweep(digits_clf, x, y, key=key, eps=[0.1, -1.0])
+    with pytest.raises(ValueError, match="at least one epsilon"):
+        attack.sweep(digits_clf, x, y, key=key, eps=[])
+    with pytest.raises(ValueError, match="restarts must be an integer >= 1"):
+        attack.sweep(digits_clf, x, y, key=key, restarts=0)

@@ -6,7 +6,7 @@ import pytest
 
 import robustjax as rj
 from robustjax.attacks.base import Attack
-from robustjax.evaluation import Plan, evaluate
+from robustjax.evaluation import AttackRun, Plan, evaluate
 from robustjax.report import schema, write_report
 
 
@@ -20,7 +20,8 @@ class BrokenAttack(Attack):
 
 @pytest.fixture(scope="module")
 def small_report(digits_clf):
-    plan = Plan(attacks=(rj.attacks.FGSM(eps=0.1), rj.attacks.PGD(eps=0.2, steps=5)), batch_size=20, num_examples=50)
+    plan = Plan(runs=(AttackRun(rj.attacks.FGSM(eps=0.1)), AttackRun(rj.attacks.PGD(steps=5), eps=(0.1, 0.2), restarts=2)),
+                batch_size=20, num_examples=50)
     updates = []
     report = evaluate(digits_clf, rj.data.digits("test"), plan, on_update=lambda r: updates.append(len(r["attacks"])))
     return report, updates
@@ -46,24 +47,27 @@ def test_counts_ignore_the_padding_of_the_last_batch(small_report, digits_clf):
 def test_robust_accuracy_is_consistent(small_report):
     report, _ = small_report
     clean = report["clean"]
-    fgsm, pgd = report["attacks"]
-    for section in (fgsm, pgd):
+    fgsm, pgd_small, pgd = report["attacks"]
+    assert (pgd_small["params"]["eps"], pgd["params"]["eps"]) == (0.1, 0.2)
+    assert pgd["params"]["restarts"] == 2 and pgd["timing"]["grid_size"] == 2
+    assert pgd["robust_accuracy"] <= pgd_small["robust_accuracy"]
+    for section in (fgsm, pgd_small, pgd):
         assert section["robust_accuracy"] <= clean["accuracy"]
         robust_count = round(section["robust_accuracy"] * 50)
         assert robust_count + section["num_adversarial"] == clean["num_correct"]
         assert section["perturbation"]["linf_mean"] <= section["params"]["eps"] + 1e-6
         assert section["timing"]["compile_s"] > 0
     assert pgd["robust_accuracy"] < clean["accuracy"]
-    assert fgsm["queries_mean"] == 2.0 and pgd["queries_mean"] <= 6.0
+    assert fgsm["queries_mean"] == 2.0 and pgd["queries_mean"] <= 2 * 6.0  # two restarts of 5 steps + check
 
 
 def test_report_is_handed_over_after_every_section(small_report):
     _, updates = small_report
-    assert updates == [0, 1, 2, 2]
+    assert updates == [0, 1, 3, 3]
 
 
 def test_a_failing_attack_is_recorded_and_the_plan_goes_on(digits_clf):
-    plan = Plan(attacks=(BrokenAttack(), rj.attacks.FGSM(eps=0.1)), batch_size=16, num_examples=16)
+    plan = Plan(runs=(AttackRun(BrokenAttack()), AttackRun(rj.attacks.FGSM(eps=0.1))), batch_size=16, num_examples=16)
     report = evaluate(digits_clf, rj.data.digits("test"), plan)
     jsonschema.validate(report, schema())
     broken, fgsm = report["attacks"]
@@ -75,4 +79,4 @@ def test_a_failing_attack_is_recorded_and_the_plan_goes_on(digits_clf):
 def test_dataset_and_model_must_fit(digits_clf):
     images = np.zeros((4, 16, 16, 1), np.float32)
     with pytest.raises(ValueError, match=r"shape \(16, 16, 1\), model 'digits_cnn' expects \(8, 8, 1\)"):
-        evaluate(digits_clf, rj.data.from_arrays(images, np.arange(4)), Plan(attacks=()))
+        evaluate(digits_clf, rj.data.from_arrays(images, np.arange(4)), Plan(runs=()))

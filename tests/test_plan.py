@@ -9,12 +9,11 @@ from robustjax.evaluation import default_plan, load_plan, plan_from_dict
 def test_default_plans_hold_fgsm_and_pgd_at_three_epsilons():
     for dataset in ("digits/test", "cifar10/test"):
         plan = default_plan(dataset)
-        names = [a.name for a in plan.attacks]
-        assert names == ["fgsm"] * 3 + ["pgd"] * 3
-        assert all(a.norm == "linf" for a in plan.attacks if a.name == "pgd")
-        assert len({a.eps for a in plan.attacks}) == 3
-    assert max(a.eps for a in default_plan("digits/test").attacks) == 0.2
-    assert max(a.eps for a in default_plan("cifar10/test").attacks) == pytest.approx(8 / 255)
+        assert [run.attack.name for run in plan.runs] == ["fgsm", "pgd"]
+        assert plan.runs[1].attack.norm == "linf"
+        assert all(len(run.eps) == 3 and run.swept for run in plan.runs)
+    assert max(default_plan("digits/test").runs[1].eps) == 0.2
+    assert max(default_plan("cifar10/test").runs[1].eps) == pytest.approx(8 / 255)
 
 
 def test_toml_and_json_plans_expand_eps_lists(tmp_path):
@@ -23,8 +22,16 @@ def test_toml_and_json_plans_expand_eps_lists(tmp_path):
                                                  "attacks": [{"name": "pgd", "eps": [0.1, 0.2], "steps": 3, "norm": "l2"}]}))
     toml_plan, json_plan = load_plan(tmp_path / "p.toml"), load_plan(tmp_path / "p.json")
     assert toml_plan == json_plan
-    assert toml_plan.attacks == (rj.attacks.PGD(eps=0.1, steps=3, norm="l2"), rj.attacks.PGD(eps=0.2, steps=3, norm="l2"))
-    assert toml_plan.as_dict()["attacks"][1]["eps"] == 0.2
+    (run,) = toml_plan.runs
+    assert run.attack == rj.attacks.PGD(eps=0.1, steps=3, norm="l2") and run.eps == (0.1, 0.2)
+    assert [entry["eps"] for entry in toml_plan.as_dict()["attacks"]] == [0.1, 0.2]
+    assert toml_plan.as_dict()["attacks"][1]["restarts"] == 1
+
+
+def test_a_single_epsilon_without_restarts_is_a_plain_call():
+    plan = plan_from_dict({"attacks": [{"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": 0.1, "restarts": 3}]})
+    assert [run.swept for run in plan.runs] == [False, True]
+    assert plan.runs[1].restarts == 3
 
 
 @pytest.mark.parametrize(
@@ -41,6 +48,8 @@ def test_toml_and_json_plans_expand_eps_lists(tmp_path):
         ({"attacks": [{"name": "pgd", "steps": 0}]}, "steps must be an integer >= 1"),
         ({"attacks": [{"name": "cw"}]}, "unknown attack 'cw'"),
         ({"attacks": [{"name": "pgd", "nrm": "l2"}]}, r"no parameter\(s\) \['nrm'\]"),
+        ({"attacks": [{"name": "pgd", "eps": [0.1, -0.2]}]}, "eps must be finite and >= 0"),
+        ({"attacks": [{"name": "pgd", "restarts": 0}]}, r"attacks\[0\].restarts must be an integer >= 1"),
     ],
 )
 def test_malformed_plans_name_the_problem(raw, message):

@@ -47,6 +47,13 @@ def test_pgd_linf_matches(eps, steps, digits_clf, twin, batch):
     _compare(ours, theirs, digits_clf, batch)
 
 
+@pytest.mark.parametrize("decay", [1.0, 0.5])
+def test_mifgsm_matches(decay, digits_clf, twin, batch):
+    ours = rj.attacks.MIFGSM(eps=0.15, steps=10, step_size=0.03, decay=decay, early_stop=False)
+    theirs = torchattacks.MIFGSM(twin, eps=0.15, alpha=0.03, steps=10, decay=decay)
+    _compare(ours, theirs, digits_clf, batch)
+
+
 def test_pgd_l2_matches(digits_clf, twin, batch):
     # torchattacks divides the batch-mean gradient by its norm + 1e-10. For confidently
     # classified examples that norm is ~1e-8 / batch size, so the 1e-10 shortens their

@@ -2,6 +2,7 @@
 
 from robustjax.attacks.base import Attack, AttackResult, get, make, names, register_attack
 from robustjax.attacks.fgsm import FGSM
+from robustjax.attacks.mifgsm import MIFGSM
 from robustjax.attacks.pgd import PGD
 
-__all__ = ["FGSM", "PGD", "Attack", "AttackResult", "get", "make", "names", "register_attack"]
+__all__ = ["FGSM", "MIFGSM", "PGD", "Attack", "AttackResult", "get", "make", "names", "register_attack"]

@@ -8,16 +8,18 @@ so each (architecture, attack config, input shape) compiles exactly once.
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import difflib
 import functools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from robustjax.checks import check_batch
+from robustjax.checks import check_batch, check_nonnegative_float, check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.losses import attack_margin
 
@@ -56,6 +58,12 @@ class Attack(abc.ABC):
         key: jax.Array,
         target: Int[Array, " b"] | None = None,
     ) -> AttackResult:
+        self.validate(classifier, x, y, key, target)
+        return _run(self, classifier, jnp.asarray(x), jnp.asarray(y, jnp.int32), key,
+                    None if target is None else jnp.asarray(target, jnp.int32))
+
+    def validate(self, classifier, x, y, key, target) -> None:
+        """Host-side checks of a call's arguments, before anything is traced."""
         if not isinstance(classifier, Classifier):
             raise TypeError(f"classifier must be a robustjax.Classifier, got {type(classifier).__name__}")
         check_batch(classifier, x, y, target)
@@ -63,8 +71,38 @@ class Attack(abc.ABC):
             raise ValueError(f"attack {self.name!r} has no targeted mode")
         if not isinstance(key, jax.Array):
             raise TypeError(f"key must be a jax PRNG key (jax.random.key(seed)), got {type(key).__name__}")
-        return _run(self, classifier, jnp.asarray(x), jnp.asarray(y, jnp.int32), key,
-                    None if target is None else jnp.asarray(target, jnp.int32))
+
+    def sweep(
+        self,
+        classifier: Classifier,
+        x: Float[Array, "b h w c"],
+        y: Int[Array, " b"],
+        *,
+        key: jax.Array,
+        eps: Sequence[float] | None = None,
+        restarts: int = 1,
+        target: Int[Array, " b"] | None = None,
+    ) -> AttackResult:
+        """Runs every epsilon of ``eps`` with ``restarts`` random restarts each, as one
+        compiled program (``vmap`` over epsilons and restart keys).
+
+        Returns an :class:`AttackResult` with a leading epsilon axis holding, for each
+        epsilon and example, the worst case over restarts: the restart with the lowest
+        margin (a successful one whenever any succeeded). ``queries`` adds up all restarts.
+        ``eps=None`` sweeps only the attack's own epsilon.
+        """
+        if not any(f.name == "eps" for f in dataclasses.fields(self)):
+            raise ValueError(f"attack {self.name!r} has no eps to sweep")
+        grid = (self.eps,) if eps is None else tuple(eps)
+        if not grid:
+            raise ValueError("eps must list at least one epsilon")
+        for value in grid:
+            check_nonnegative_float(value, "every eps")
+        check_positive_int(restarts, "restarts")
+        self.validate(classifier, x, y, key, target)
+        return _sweep(self, restarts, classifier, jnp.asarray(x), jnp.asarray(y, jnp.int32), key,
+                      None if target is None else jnp.asarray(target, jnp.int32),
+                      jnp.asarray(grid, jnp.float32))
 
     @abc.abstractmethod
     def run(self, classifier: Classifier, x, y, key, target) -> AttackResult:
@@ -78,6 +116,35 @@ class Attack(abc.ABC):
 @functools.partial(jax.jit, static_argnums=0)
 def _run(attack: Attack, classifier, x, y, key, target) -> AttackResult:
     return attack.run(classifier, x, y, key, target)
+
+
+def with_traced_fields(attack: Attack, **fields) -> Attack:
+    """A copy of ``attack`` whose fields hold traced values, for use inside a transformation.
+
+    Host-side validation is skipped: the values are checked before tracing.
+    """
+    clone = copy.copy(attack)
+    for name, value in fields.items():
+        object.__setattr__(clone, name, value)
+    return clone
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _sweep(attack: Attack, restarts: int, classifier, x, y, key, target, grid) -> AttackResult:
+    keys = jax.random.split(key, restarts)
+
+    def one(eps, restart_key):
+        return with_traced_fields(attack, eps=eps).run(classifier, x, y, restart_key, target)
+
+    runs = jax.vmap(lambda eps: jax.vmap(lambda k: one(eps, k))(keys))(grid)  # (eps, restart, batch, ...)
+    worst = jnp.argmin(runs.margin, axis=1)  # (eps, batch)
+
+    def pick(values):
+        index = worst.reshape(worst.shape[:1] + (1,) + worst.shape[1:] + (1,) * (values.ndim - 3))
+        return jnp.take_along_axis(values, index, axis=1)[:, 0]
+
+    return AttackResult(x_adv=pick(runs.x_adv), success=pick(runs.success),
+                        queries=runs.queries.sum(axis=1), margin=pick(runs.margin))
 
 
 def finalize(classifier: Classifier, x_adv, y, target, queries) -> AttackResult:

@@ -12,28 +12,28 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
+from robustjax.attacks.loop import gradient_ascent, resolve_unroll  # noqa: F401  (re-exported)
 from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int
-from robustjax.losses import attack_cross_entropy, attack_margin
-
-
-def resolve_unroll(unroll: int | bool | None) -> int | bool:
-    """``None`` picks the faster loop for the backend: XLA's CPU backend runs an unrolled
-    loop several times faster than a rolled one (see benchmarks/), accelerators do not
-    need it and compile faster rolled."""
-    if unroll is None:
-        return jax.default_backend() == "cpu"
-    return unroll
 
 
 def check_unroll(unroll) -> None:
     if unroll is None or isinstance(unroll, bool):
         return
     check_positive_int(unroll, "unroll")
+
+
+def check_iterative(attack) -> None:
+    """Validates the fields PGD-like attacks share: eps, norm, steps, step_size, unroll."""
+    check_nonnegative_float(attack.eps, "eps")
+    check_choice(attack.norm, threat.NORMS, "norm")
+    check_positive_int(attack.steps, "steps")
+    if attack.step_size is not None:
+        check_nonnegative_float(attack.step_size, "step_size")
+    check_unroll(attack.unroll)
 
 
 @register_attack("pgd")
@@ -61,36 +61,21 @@ class PGD(Attack):
     unroll: int | bool | None = None
 
     def __post_init__(self):
-        check_nonnegative_float(self.eps, "eps")
-        check_choice(self.norm, threat.NORMS, "norm")
-        check_positive_int(self.steps, "steps")
-        if self.step_size is not None:
-            check_nonnegative_float(self.step_size, "step_size")
-        check_unroll(self.unroll)
+        check_iterative(self)
 
     @property
     def alpha(self) -> float:
         return 2.5 * self.eps / self.steps if self.step_size is None else self.step_size
 
     def run(self, classifier, x, y, key, target) -> AttackResult:
-        x_adv = threat.random_start(key, x, self.eps, self.norm) if self.random_start else x
+        x_start = threat.random_start(key, x, self.eps, self.norm) if self.random_start else x
 
-        def objective(images):
-            logits = classifier(images)
-            return attack_cross_entropy(logits, y, target).sum(), logits
-
-        def step(_, state):
-            x_adv, done, queries = state
-            grad, logits = jax.grad(objective, has_aux=True)(x_adv)
-            queries = queries + (~done).astype(jnp.int32)
-            if self.early_stop:
-                done = done | (attack_margin(logits, y, target) < 0)
+        def update(_, x_adv, grad, carry):
             moved = x_adv + self.alpha * threat.ascent_direction(grad, self.norm)
-            moved = jnp.clip(x + threat.project(moved - x, self.eps, self.norm), 0.0, 1.0)
-            keep = done.reshape((-1,) + (1,) * (x.ndim - 1))
-            return jnp.where(keep, x_adv, moved), done, queries
+            return jnp.clip(x + threat.project(moved - x, self.eps, self.norm), 0.0, 1.0), carry
 
-        batch = x.shape[0]
-        init = (x_adv, jnp.zeros(batch, bool), jnp.zeros(batch, jnp.int32))
-        x_adv, _, queries = jax.lax.fori_loop(0, self.steps, step, init, unroll=resolve_unroll(self.unroll))
+        x_adv, queries = gradient_ascent(
+            classifier, x, y, target, x_start, steps=self.steps, update=update, carry=(),
+            early_stop=self.early_stop, unroll=self.unroll,
+        )
         return finalize(classifier, x_adv, y, target, queries)

@@ -1,6 +1,6 @@
 """Evaluation plans and the runner that turns a plan into a report."""
 
-from robustjax.evaluation.plan import Plan, default_plan, load_plan, plan_from_dict
+from robustjax.evaluation.plan import AttackRun, Plan, default_plan, load_plan, plan_from_dict
 from robustjax.evaluation.runner import SCHEMA_VERSION, evaluate
 
-__all__ = ["SCHEMA_VERSION", "Plan", "default_plan", "evaluate", "load_plan", "plan_from_dict"]
+__all__ = ["SCHEMA_VERSION", "AttackRun", "Plan", "default_plan", "evaluate", "load_plan", "plan_from_dict"]

@@ -8,7 +8,8 @@ A plan file is TOML or JSON::
 
     [[attacks]]
     name = "pgd"              # a registered attack (robustjax.attacks.names())
-    eps = [0.05, 0.1, 0.2]    # a list of eps values expands into one run per value
+    eps = [0.05, 0.1, 0.2]    # a list of epsilons runs as one vmapped sweep
+    restarts = 1              # random restarts, vmapped; the per-example worst case is kept
     steps = 10                # any other field of the attack's config
 
 Every attack config is built (and so validated) when the plan is read, before anything
@@ -30,10 +31,28 @@ PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks"}
 
 
 @dataclasses.dataclass(frozen=True)
+class AttackRun:
+    """One plan entry: an attack, the epsilons it sweeps (empty: its own) and its restarts."""
+
+    attack: Attack
+    eps: tuple[float, ...] = ()
+    restarts: int = 1
+
+    @property
+    def swept(self) -> bool:
+        return len(self.eps) > 1 or self.restarts > 1
+
+    def entries(self) -> list[dict]:
+        """The parameters of each report entry this run produces, one per epsilon."""
+        params = {**self.attack.params(), "restarts": self.restarts}
+        return [{**params, "eps": eps} for eps in self.eps] if self.eps else [params]
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A validated evaluation plan."""
 
-    attacks: tuple[Attack, ...]
+    runs: tuple[AttackRun, ...]
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
@@ -49,7 +68,7 @@ class Plan:
             "batch_size": self.batch_size,
             "num_examples": self.num_examples,
             "seed": self.seed,
-            "attacks": [{"name": a.name, **a.params()} for a in self.attacks],
+            "attacks": [{"name": run.attack.name, **params} for run in self.runs for params in run.entries()],
         }
 
 
@@ -60,23 +79,29 @@ def _positive_int(value, where: str, *, allow_none: bool = False) -> None:
         raise ValueError(f"plan: {where} must be an integer >= 1, got {value!r}")
 
 
-def _expand_attack(index: int, entry) -> list[Attack]:
+def _attack_run(index: int, entry) -> AttackRun:
     where = f"attacks[{index}]"
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise ValueError(f"plan: {where} must be a table with a string 'name', got {entry!r}")
-    params = {k: v for k, v in entry.items() if k != "name"}
-    eps_values = params.pop("eps", None)
-    grid = eps_values if isinstance(eps_values, list) else [eps_values]
-    if not grid:
-        raise ValueError(f"plan: {where}.eps is an empty list")
-    built = []
-    for eps in grid:
-        config = params if eps is None else {**params, "eps": eps}
-        try:
-            built.append(attacks.make(entry["name"], **config))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"plan: {where} ({entry['name']}): {error}") from None
-    return built
+    params = {k: v for k, v in entry.items() if k not in ("name", "restarts")}
+    restarts = entry.get("restarts", 1)
+    _positive_int(restarts, f"{where}.restarts")
+    grid = params.get("eps")
+    if isinstance(grid, list):
+        if not grid:
+            raise ValueError(f"plan: {where}.eps is an empty list")
+        params["eps"] = grid[0]
+    try:
+        attack = attacks.make(entry["name"], **params)
+        for eps in grid if isinstance(grid, list) else []:
+            attacks.make(entry["name"], **{**params, "eps": eps})  # validates every epsilon
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"plan: {where} ({entry['name']}): {error}") from None
+    has_eps = any(f.name == "eps" for f in dataclasses.fields(attack))
+    if restarts > 1 and not has_eps:
+        raise ValueError(f"plan: {where} ({entry['name']}): restarts need an attack with an eps")
+    eps = tuple(grid) if isinstance(grid, list) else (attack.eps,) if has_eps else ()
+    return AttackRun(attack=attack, eps=eps, restarts=restarts)
 
 
 def plan_from_dict(raw: dict) -> Plan:
@@ -88,9 +113,9 @@ def plan_from_dict(raw: dict) -> Plan:
     entries = raw.get("attacks", [])
     if not isinstance(entries, list):
         raise ValueError(f"plan: 'attacks' must be a list of tables, got {type(entries).__name__}")
-    built = tuple(a for i, entry in enumerate(entries) for a in _expand_attack(i, entry))
+    runs = tuple(_attack_run(i, entry) for i, entry in enumerate(entries))
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed") if key in raw}
-    return Plan(attacks=built, **settings)
+    return Plan(runs=runs, **settings)
 
 
 def load_plan(path: str | Path) -> Plan:

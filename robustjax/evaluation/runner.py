@@ -19,15 +19,15 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import robustjax
-from robustjax.attacks.base import Attack
 from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
-from robustjax.evaluation.plan import Plan
+from robustjax.evaluation.plan import AttackRun, Plan
 from robustjax.evaluation.timing import timed
 from robustjax.zoo.registry import count_params
 
 SCHEMA_VERSION = 1
+NORMS = ("linf", "l2", "l0")
 
 
 class DataParallel:
@@ -80,42 +80,56 @@ def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, par
     return section, correct
 
 
-def attack_section(
-    attack: Attack, classifier: Classifier, dataset: ImageDataset, plan: Plan,
-    parallel: DataParallel, clean_correct: np.ndarray,
-) -> dict:
-    """Robust accuracy, success rate, perturbation norms, queries and timing of one attack."""
+def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel):
+    """Yields, per batch, the host mask and the per-epsilon results (leading axis: epsilon)."""
     key = jax.random.key(plan.seed)
-    success, queries, norms = [], [], {"linf": [], "l2": [], "l0": []}
+    for index, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
+        batch_key = jax.random.fold_in(key, index)
+        if run.swept:
+            result = run.attack.sweep(classifier, x, y, key=batch_key, eps=run.eps, restarts=run.restarts)
+        else:
+            result = jax.tree.map(lambda a: a[None], run.attack(classifier, x, y, key=batch_key))
+        delta = result.x_adv - x[None]
+        norms = {norm: jax.vmap(lambda d: per_example_norm(d, norm))(delta) for norm in NORMS}
+        yield mask, {"success": result.success, "queries": result.queries, **norms}
+
+
+def attack_sections(
+    run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
+    parallel: DataParallel, clean_correct: np.ndarray,
+) -> list[dict]:
+    """Robust accuracy, success rate, perturbation norms, queries and timing of one plan
+    entry: one section per epsilon of its sweep."""
+    columns: dict[str, list[np.ndarray]] = {}
     with timed() as timing:
-        for index, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
-            result = attack(classifier, x, y, key=jax.random.fold_in(key, index))
-            delta = result.x_adv - x
-            success.append(np.asarray(result.success)[mask])
-            queries.append(np.asarray(result.queries)[mask])
-            for norm, values in norms.items():
-                values.append(np.asarray(per_example_norm(delta, norm))[mask])
-    success = np.concatenate(success)
-    fooled = clean_correct & success  # correctly classified examples the attack flipped
-    robust = clean_correct & ~success
-    norms = {norm: np.concatenate(values)[fooled] for norm, values in norms.items()}
+        for mask, values in _attack_batches(run, classifier, dataset, plan, parallel):
+            for name, value in values.items():
+                columns.setdefault(name, []).append(np.asarray(value)[:, mask])
+    columns = {name: np.concatenate(parts, axis=1) for name, parts in columns.items()}
     num_correct = int(clean_correct.sum())
-    return {
-        "name": attack.name,
-        "params": attack.params(),
-        "status": "ok",
-        "robust_accuracy": float(robust.mean()),
-        "attack_success_rate": float(fooled.sum() / num_correct) if num_correct else None,
-        "num_adversarial": int(fooled.sum()),
-        "perturbation": {
-            "linf_mean": _mean_or_none(norms["linf"]),
-            "l2_mean": _mean_or_none(norms["l2"]),
-            "l0_mean": _mean_or_none(norms["l0"]),
-            "l2_median": float(np.median(norms["l2"])) if norms["l2"].size else None,
-        },
-        "queries_mean": float(np.concatenate(queries).mean()),
-        "timing": timing.as_dict(len(success)),
-    }
+    timing_fields = {**timing.as_dict(clean_correct.size), "grid_size": len(run.entries())}
+    sections = []
+    for i, params in enumerate(run.entries()):
+        success = columns["success"][i]
+        fooled = clean_correct & success  # correctly classified examples the attack flipped
+        norms = {norm: columns[norm][i][fooled] for norm in NORMS}
+        sections.append({
+            "name": run.attack.name,
+            "params": params,
+            "status": "ok",
+            "robust_accuracy": float((clean_correct & ~success).mean()),
+            "attack_success_rate": float(fooled.sum() / num_correct) if num_correct else None,
+            "num_adversarial": int(fooled.sum()),
+            "perturbation": {
+                "linf_mean": _mean_or_none(norms["linf"]),
+                "l2_mean": _mean_or_none(norms["l2"]),
+                "l0_mean": _mean_or_none(norms["l0"]),
+                "l2_median": float(np.median(norms["l2"])) if norms["l2"].size else None,
+            },
+            "queries_mean": float(columns["queries"][i].mean()),
+            "timing": timing_fields,
+        })
+    return sections
 
 
 def environment() -> dict:
@@ -170,13 +184,13 @@ def evaluate(
     }
     report["clean"], clean_correct = clean_section(classifier, dataset, plan, parallel)
     on_update(report)
-    for attack in plan.attacks:
+    for run in plan.runs:
         try:
-            section = attack_section(attack, classifier, dataset, plan, parallel, clean_correct)
+            sections = attack_sections(run, classifier, dataset, plan, parallel, clean_correct)
         except Exception as error:  # recorded in the report; the rest of the plan still runs
-            section = {"name": attack.name, "params": attack.params(), "status": "failed",
-                       "error": f"{type(error).__name__}: {error}"}
-        report["attacks"].append(section)
+            sections = [{"name": run.attack.name, "params": params, "status": "failed",
+                         "error": f"{type(error).__name__}: {error}"} for params in run.entries()]
+        report["attacks"].extend(sections)
         on_update(report)
     failed = any(section["status"] != "ok" for section in report["attacks"])
     report["status"] = "incomplete" if failed else "complete"

@@ -29,7 +29,8 @@ def summary_table(report: dict) -> Table:
     model, dataset = report["model"]["name"], report["dataset"]
     table = Table(title=f"{model} on {dataset['name']} ({dataset['num_examples']} examples)",
                   box=box.SIMPLE_HEAD, caption="success: share of correctly classified examples the "
-                  "attack fooled; norms: mean over those; time: seconds, of which compiling")
+                  "attack fooled; norms: mean over those; time: seconds, of which compiling (rows of one "
+                  "epsilon sweep share its time)")
     table.add_column("evaluation", ratio=1)
     for column in ("accuracy", "success", "Linf", "L2", "queries", "time"):
         table.add_column(column, justify="right", no_wrap=True)
