@@ -28,6 +28,7 @@ def _attack_variants():
         yield name, config
         if name in ("pgd", "mifgsm"):
             yield name, {**config, "norm": "l2", "eps": 0.5}
+            yield name, {**config, "norm": "l1", "eps": 2.0}
 
 
 @pytest.mark.parametrize("name, config", list(_attack_variants()))
@@ -103,6 +104,39 @@ def test_pgd_l2_succeeds_exactly_below_the_linear_margin():
     np.testing.assert_array_equal(result.success, distances < eps)
 
 
+def _minimal_l1_distance(x_flat, direction, margin_value):
+    """Smallest l1 perturbation that moves ``direction . x`` down by ``margin_value`` inside
+    [0, 1]: spend on the coordinates with the largest |direction| first (greedy is exact)."""
+    order = np.argsort(-np.abs(direction))
+    room = np.where(direction > 0, x_flat, 1 - x_flat)[order]  # how far each coordinate can go down
+    gain = np.abs(direction)[order]
+    total, needed = 0.0, margin_value
+    for r, g in zip(room, gain):
+        if g * r >= needed:
+            return total + needed / g
+        total, needed = total + r, needed - g * r
+    return np.inf
+
+
+def test_pgd_l1_succeeds_exactly_below_the_box_aware_l1_distance():
+    rng = np.random.default_rng(4)
+    direction = rng.normal(size=16)
+    clf = linear_classifier(np.stack([np.zeros(16), direction], axis=1), np.zeros(2))
+    x = rng.uniform(0.05, 0.95, (40, 16))
+    margin_values = x @ direction
+    x, margin_values = x[margin_values > 0], margin_values[margin_values > 0]  # predicted class 1
+    distances = np.array([_minimal_l1_distance(row, direction, m) for row, m in zip(x, margin_values)])
+    eps = float(np.median(distances))
+    clear = np.abs(distances - eps) > 0.1 * eps  # leave out borderline cases
+    images = x.reshape(-1, 4, 4, 1).astype(np.float32)
+    labels = np.ones(len(x), np.int32)
+    # One coordinate per step (k = 1 of 16) is the exact l1 steepest-ascent direction.
+    attack = rj.attacks.PGD(eps=eps, norm="l1", steps=100, l1_sparsity=1 / 16, random_start=False)
+    result = attack(clf, images, labels, key=jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(result.success)[clear], (distances < eps)[clear])
+    assert clear.sum() >= 10
+
+
 def test_early_stop_keeps_the_first_successful_iterate(digits_clf, digits_batch, key):
     x, y = digits_batch
     stopped = rj.attacks.PGD(eps=0.2, steps=10)(digits_clf, x, y, key=key)
@@ -151,6 +185,8 @@ def test_l2_random_start_is_inside_the_ball_and_not_crowded_at_the_centre():
         (lambda: rj.attacks.FGSM(eps=float("inf")), "eps must be finite"),
         (lambda: rj.attacks.PGD(steps=0), "steps must be an integer >= 1"),
         (lambda: rj.attacks.PGD(unroll=0), "unroll"),
+        (lambda: rj.attacks.PGD(norm="l1", l1_sparsity=1.5), r"l1_sparsity must be in \(0, 1\]"),
+        (lambda: rj.attacks.MIFGSM(decay=-1.0), "decay must be finite and >= 0"),
         (lambda: rj.attacks.make("pgdd"), "did you mean 'pgd'"),
         (lambda: rj.attacks.make("pgd", epsilon=0.1), r"no parameter\(s\) \['epsilon'\]"),
     ],

@@ -2,7 +2,7 @@
 CVPR 2018).
 
 ``g_{t+1} = decay * g_t + grad_t / ||grad_t||_1`` and ``x_{t+1} = Proj(x_t + alpha *
-dir(g_{t+1}))``, with ``dir`` the sign for linf and the L2-normalised vector for l2.
+dir(g_{t+1}))``, with ``dir`` the steepest-ascent direction of the norm (see ``threat.ascent_step``).
 Dividing by the L1 norm instead of torchattacks' mean absolute value changes every g_t by
 the same factor, so the steps are identical.
 """
@@ -25,13 +25,13 @@ _TINY = 1e-12
 @register_attack("mifgsm")
 @dataclasses.dataclass(frozen=True)
 class MIFGSM(Attack):
-    """MI-FGSM in the linf or l2 ball of radius ``eps``.
+    """MI-FGSM in the linf, l2 or l1 ball of radius ``eps``.
 
     Attributes:
       eps, norm, steps: the threat ball and the number of steps.
       step_size: step length; ``None`` means ``eps / steps`` (the paper's choice).
       decay: momentum factor mu (1.0 in the paper).
-      random_start, early_stop, unroll: as in :class:`robustjax.attacks.PGD`.
+      random_start, early_stop, l1_sparsity, unroll: as in :class:`robustjax.attacks.PGD`.
     """
 
     eps: float = 8 / 255
@@ -41,6 +41,7 @@ class MIFGSM(Attack):
     decay: float = 1.0
     random_start: bool = False
     early_stop: bool = True
+    l1_sparsity: float = 0.05
     unroll: int | bool | None = None
 
     def __post_init__(self):
@@ -57,8 +58,8 @@ class MIFGSM(Attack):
         def update(_, x_adv, grad, momentum):
             l1 = jnp.sum(jnp.abs(grad), axis=tuple(range(1, grad.ndim)), keepdims=True)
             momentum = self.decay * momentum + grad / (l1 + _TINY)
-            moved = x_adv + self.alpha * threat.ascent_direction(momentum, self.norm)
-            return jnp.clip(x + threat.project(moved - x, self.eps, self.norm), 0.0, 1.0), momentum
+            step = threat.ascent_step(x, x_adv, momentum, self.alpha, self.eps, self.norm, self.l1_sparsity)
+            return step, momentum
 
         x_adv, queries = gradient_ascent(
             classifier, x, y, target, x_start, steps=self.steps, update=update,

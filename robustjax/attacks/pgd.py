@@ -2,8 +2,10 @@
 Adversarial Attacks", 2018), also known as BIM/I-FGSM without the random start.
 
 Each step moves ``step_size`` along the steepest-ascent direction of the cross-entropy
-(sign of the gradient for linf, normalised gradient for l2), projects onto the eps-ball
-around ``x`` and clips to [0, 1]. With ``early_stop`` an example stops at its first
+(sign of the gradient for linf, normalised gradient for l2, a sparse signed step on the
+largest gradient coordinates for l1, as in Croce & Hein 2021), projects onto the
+eps-ball around ``x`` and clips to [0, 1] (for l1: projects exactly onto the ball
+intersected with the box). With ``early_stop`` an example stops at its first
 successful iterate, which is the one returned (the per-example worst case); without it the
 last iterate is returned, as in torchattacks.
 """
@@ -11,8 +13,6 @@ last iterate is returned, as in torchattacks.
 from __future__ import annotations
 
 import dataclasses
-
-import jax.numpy as jnp
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
@@ -27,27 +27,31 @@ def check_unroll(unroll) -> None:
 
 
 def check_iterative(attack) -> None:
-    """Validates the fields PGD-like attacks share: eps, norm, steps, step_size, unroll."""
+    """Validates the fields PGD-like attacks share: eps, norm, steps, step_size, l1_sparsity, unroll."""
     check_nonnegative_float(attack.eps, "eps")
     check_choice(attack.norm, threat.NORMS, "norm")
     check_positive_int(attack.steps, "steps")
     if attack.step_size is not None:
         check_nonnegative_float(attack.step_size, "step_size")
     check_unroll(attack.unroll)
+    check_nonnegative_float(attack.l1_sparsity, "l1_sparsity")
+    if not 0 < attack.l1_sparsity <= 1:
+        raise ValueError(f"l1_sparsity must be in (0, 1], got {attack.l1_sparsity!r}")
 
 
 @register_attack("pgd")
 @dataclasses.dataclass(frozen=True)
 class PGD(Attack):
-    """PGD in the linf or l2 ball of radius ``eps``.
+    """PGD in the linf, l2 or l1 ball of radius ``eps``.
 
     Attributes:
       eps: radius of the threat ball.
-      norm: ``"linf"`` or ``"l2"``.
+      norm: ``"linf"``, ``"l2"`` or ``"l1"``.
       steps: number of gradient steps.
       step_size: step length; ``None`` means ``2.5 * eps / steps``.
       random_start: start from a uniform point in the ball instead of ``x``.
       early_stop: freeze each example at its first successful iterate.
+      l1_sparsity: for l1, the fraction of coordinates one step moves.
       unroll: ``lax.fori_loop`` unrolling (``True``, ``False`` or a factor); ``None``
         chooses per backend.
     """
@@ -58,6 +62,7 @@ class PGD(Attack):
     step_size: float | None = None
     random_start: bool = True
     early_stop: bool = True
+    l1_sparsity: float = 0.05
     unroll: int | bool | None = None
 
     def __post_init__(self):
@@ -71,8 +76,7 @@ class PGD(Attack):
         x_start = threat.random_start(key, x, self.eps, self.norm) if self.random_start else x
 
         def update(_, x_adv, grad, carry):
-            moved = x_adv + self.alpha * threat.ascent_direction(grad, self.norm)
-            return jnp.clip(x + threat.project(moved - x, self.eps, self.norm), 0.0, 1.0), carry
+            return threat.ascent_step(x, x_adv, grad, self.alpha, self.eps, self.norm, self.l1_sparsity), carry
 
         x_adv, queries = gradient_ascent(
             classifier, x, y, target, x_start, steps=self.steps, update=update, carry=(),
