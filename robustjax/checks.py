@@ -88,6 +88,12 @@ def check_nonnegative_float(value, name: str) -> None:
         raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
 
 
+def check_positive_float(value, name: str) -> None:
+    check_nonnegative_float(value, name)
+    if value == 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
 def check_choice(value, choices, name: str) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
