@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--dataset", default=data.DEFAULT_DATASET,
                     help="digits, tfds:NAME, a .npz file or an image folder (default: %(default)s)")
     ev.add_argument("--split", default="test", help="dataset split (default: %(default)s)")
-    ev.add_argument("--plan", help="TOML or JSON plan file (default: the built-in plan for the dataset)")
+    ev.add_argument("--plan", help="TOML or JSON plan file, or a built-in plan: default, digits, whitebox "
+                    "(default: the built-in plan for the dataset)")
     ev.add_argument("--out", default=DEFAULT_OUT, help="output folder for report.json (default: %(default)s)")
     ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
     ev.add_argument("--image-size", type=int, help="resize and centre-crop images to this size")

@@ -43,6 +43,7 @@ def test_model_from_a_python_function(tmp_path, capsys):
         (["--model", "tests.helpers:not_a_model"], "must return a robustjax.Classifier"),
         (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
         (["--plan", "missing.toml"], "no plan file"),
+        (["--plan", "whitebox", "--num-examples", "-3"], "num_examples must be an integer >= 1"),
         (["--num-examples", "0"], "num_examples must be an integer >= 1"),
     ],
 )

@@ -3,7 +3,7 @@ import json
 import pytest
 
 import robustjax as rj
-from robustjax.evaluation import default_plan, load_plan, plan_from_dict
+from robustjax.evaluation.plan import builtin_plans, default_plan, load_plan, plan_from_dict
 
 
 def test_default_plans_hold_fgsm_and_pgd_at_three_epsilons():
@@ -61,5 +61,13 @@ def test_unreadable_plan_files(tmp_path):
     (tmp_path / "bad.toml").write_text("batch_size = = 3")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_plan(tmp_path / "bad.toml")
-    with pytest.raises(ValueError, match="no plan file"):
+    with pytest.raises(ValueError, match="no built-in plan of that name"):
         load_plan(tmp_path / "missing.toml")
+
+
+def test_builtin_plans_load_by_name():
+    assert {"default", "digits", "whitebox"} <= set(builtin_plans())
+    for name in builtin_plans():
+        assert load_plan(name).runs
+    whitebox = {run.attack.name for run in load_plan("whitebox").runs}
+    assert whitebox >= {"fgsm", "pgd", "mifgsm", "cw_l2", "deepfool"}

@@ -118,21 +118,29 @@ def plan_from_dict(raw: dict) -> Plan:
     return Plan(runs=runs, **settings)
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Reads a ``.toml`` or ``.json`` plan file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no plan file at {str(path)!r}")
-    text = path.read_text()
+def builtin_plans() -> list[str]:
+    """Names of the plans that ship with robustjax (``robustjax/evaluation/plans``)."""
+    folder = resources.files("robustjax.evaluation").joinpath("plans")
+    return sorted(entry.name.removesuffix(".toml") for entry in folder.iterdir() if entry.name.endswith(".toml"))
+
+
+def load_plan(spec: str | Path) -> Plan:
+    """Reads a ``.toml`` or ``.json`` plan file, or a built-in plan by name (``whitebox``)."""
+    path = Path(spec)
+    if path.is_file():
+        text, source, is_json = path.read_text(), str(path), path.suffix == ".json"
+    elif str(spec) in builtin_plans():
+        text = resources.files("robustjax.evaluation").joinpath("plans", f"{spec}.toml").read_text()
+        source, is_json = f"built-in plan {spec!r}", False
+    else:
+        raise ValueError(f"no plan file at {str(spec)!r}, and no built-in plan of that name ({builtin_plans()})")
     try:
-        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        raw = json.loads(text) if is_json else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
-        raise ValueError(f"plan {path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {error}") from None
+        raise ValueError(f"plan {source}: not valid {'JSON' if is_json else 'TOML'}: {error}") from None
     return plan_from_dict(raw)
 
 
 def default_plan(dataset_name: str) -> Plan:
-    """The built-in plan: ``digits.toml`` for the embedded digits, ``default.toml`` otherwise."""
-    name = "digits.toml" if dataset_name.startswith("digits") else "default.toml"
-    text = resources.files("robustjax.evaluation").joinpath("plans", name).read_text()
-    return plan_from_dict(tomllib.loads(text))
+    """The built-in plan: ``digits`` for the embedded digits, ``default`` otherwise."""
+    return load_plan("digits" if dataset_name.startswith("digits") else "default")
