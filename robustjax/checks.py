@@ -94,6 +94,19 @@ def check_positive_float(value, name: str) -> None:
         raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
+def check_in_interval(
+    value, name: str, low: float, high: float, *, closed_low: bool = False, closed_high: bool = False
+) -> None:
+    """``value`` must be a number in the interval from ``low`` to ``high`` (open unless closed)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    above = value >= low if closed_low else value > low
+    below = value <= high if closed_high else value < high
+    if not (math.isfinite(value) and above and below):
+        interval = f"{'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+
+
 def check_choice(value, choices, name: str) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")

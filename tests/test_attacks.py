@@ -18,6 +18,8 @@ CONFIGS = {
     "mifgsm": dict(eps=0.1, steps=5),
     "cw_l2": dict(initial_const=1.0, binary_search_steps=2, steps=10, learning_rate=0.1),
     "deepfool": dict(steps=10),
+    "apgd": dict(eps=0.1, steps=5),
+    "fab": dict(eps=0.1, steps=5, num_target_classes=2),
 }
 NORM_OF = {"fgsm": "linf"}
 
@@ -29,7 +31,7 @@ def test_every_registered_attack_has_a_contract_config():
 def _attack_variants():
     for name, config in CONFIGS.items():
         yield name, config
-        if name in ("pgd", "mifgsm"):
+        if name in ("pgd", "mifgsm", "apgd", "fab"):
             yield name, {**config, "norm": "l2", "eps": 0.5}
             yield name, {**config, "norm": "l1", "eps": 2.0}
 

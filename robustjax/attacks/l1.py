@@ -37,11 +37,9 @@ def _soft_threshold_level(mag: jax.Array, room: jax.Array, eps: jax.Array) -> ja
     slope = jnp.cumsum(jnp.take_along_axis(slope_steps, order, axis=1), axis=1)  # -h' below each kink
     rise = slope[:, :-1] * (kinks[:, :-1] - kinks[:, 1:])
     h = jnp.concatenate([jnp.zeros_like(kinks[:, :1]), jnp.cumsum(rise, axis=1)], axis=1)
-    last = jnp.sum(h <= eps[:, None], axis=1, keepdims=True) - 1  # h is non-decreasing along the sort
-    level = jnp.take_along_axis(kinks, last, axis=1) - (eps[:, None] - jnp.take_along_axis(h, last, axis=1)) / jnp.maximum(
-        jnp.take_along_axis(slope, last, axis=1), 1.0
-    )
-    return jnp.maximum(level[:, 0], 0.0)
+    last = jnp.sum(h <= eps[:, None], axis=1, keepdims=True) - 1  # h is non-decreasing
+    kink, h_kink, rate = (jnp.take_along_axis(a, last, axis=1)[:, 0] for a in (kinks, h, slope))
+    return jnp.maximum(kink - (eps - h_kink) / jnp.maximum(rate, 1.0), 0.0)
 
 
 def project_l1_box(

@@ -16,8 +16,8 @@ import dataclasses
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
-from robustjax.attacks.loop import gradient_ascent, resolve_unroll  # noqa: F401  (re-exported)
-from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int
+from robustjax.attacks.loop import gradient_ascent
+from robustjax.checks import check_choice, check_in_interval, check_nonnegative_float, check_positive_int
 
 
 def check_unroll(unroll) -> None:
@@ -34,9 +34,7 @@ def check_iterative(attack) -> None:
     if attack.step_size is not None:
         check_nonnegative_float(attack.step_size, "step_size")
     check_unroll(attack.unroll)
-    check_nonnegative_float(attack.l1_sparsity, "l1_sparsity")
-    if not 0 < attack.l1_sparsity <= 1:
-        raise ValueError(f"l1_sparsity must be in (0, 1], got {attack.l1_sparsity!r}")
+    check_in_interval(attack.l1_sparsity, "l1_sparsity", 0, 1, closed_high=True)
 
 
 @register_attack("pgd")
