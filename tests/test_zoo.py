@@ -12,7 +12,8 @@ from tests.helpers import count_compiles
 def test_registry_lists_the_default_model():
     assert "digits_cnn" in rj.zoo.list_models()
     assert rj.zoo.list_models("digits*") == ["digits_cnn"]
-    assert rj.zoo.list_models("resnet*") == []
+    assert rj.zoo.list_models("resnet*") == ["resnet18_cifar"]
+    assert rj.zoo.list_models("vit*") == []
 
 
 def test_unknown_model_suggests_close_names():
