@@ -1,0 +1,174 @@
+"""Attack throughput, robustjax against torchattacks, on the digits CNN and a CIFAR ResNet-18.
+
+    python -m benchmarks.attacks [--model digits|resnet18|all] [--batch-size N] [--repeats N]
+                                 [--attacks NAME,...] [--out DIR]
+
+Both libraries attack the same images with the same architecture and weights. The digits
+CNN uses its trained weights on digits images (batch 256); the ResNet-18 uses random
+weights on uniform random images labelled with its own predictions (batch 128), which is
+enough for throughput. Iterative attacks run every step (no early stop). A grid row runs
+the ``GRID`` multiples of the model's epsilon: robustjax as one vmapped ``sweep`` call,
+torchattacks as 8 runs; an image counts once per whole grid. CW-L2 runs 5 binary-search
+steps of 100 Adam steps; torchattacks' CW has no search, so it runs 5 times (c = 0.01 to
+100) for the same 500 gradient evaluations. One JSON file per model:
+results/attacks_MODEL.BACKEND.json.
+
+An attack is one line of ``ROWS``: its name, ``eps -> robustjax attack`` and
+``(torch model, eps) -> torchattacks attacks`` (a list, run one after the other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import numpy as np
+import torch
+import torchattacks
+from torch import nn
+
+import robustjax as rj
+from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call
+from benchmarks.torch_models import digits_cnn_to_torch, to_nchw
+from benchmarks.torch_resnet import resnet18_to_torch
+
+STEPS = 20
+GRID = tuple(k / 4 for k in range(1, 9))  # 8 epsilons, 0.25 to 2 times the model's eps
+
+
+def pgd(norm: str) -> Callable[[float], rj.attacks.Attack]:
+    return lambda eps: rj.attacks.PGD(eps=eps, norm=norm, steps=STEPS, early_stop=False)
+
+
+def torch_pgd(cls: type) -> Callable[[nn.Module, float], list]:
+    return lambda model, eps: [cls(model, eps=eps, alpha=2.5 * eps / STEPS, steps=STEPS)]
+
+
+CW_CONSTANTS = (0.01, 0.1, 1.0, 10.0, 100.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One benchmarked attack; ``norm`` picks the model's epsilon, ``grid`` runs ``GRID``."""
+
+    name: str
+    ours: Callable[[float], rj.attacks.Attack]
+    theirs: Callable[[nn.Module, float], list]
+    norm: str = "linf"
+    grid: bool = False
+
+
+ROWS = (
+    Row("fgsm", lambda eps: rj.attacks.FGSM(eps=eps), lambda model, eps: [torchattacks.FGSM(model, eps=eps)]),
+    Row("pgd20_linf", pgd("linf"), torch_pgd(torchattacks.PGD)),
+    Row("pgd20_l2", pgd("l2"), torch_pgd(torchattacks.PGDL2), norm="l2"),
+    Row("mifgsm10", lambda eps: rj.attacks.MIFGSM(eps=eps, steps=10, early_stop=False),
+        lambda model, eps: [torchattacks.MIFGSM(model, eps=eps, alpha=eps / 10, steps=10)]),
+    Row("cw_l2_100x5", lambda eps: rj.attacks.CWL2(binary_search_steps=5, steps=100, abort_early=False),
+        lambda model, eps: [torchattacks.CW(model, c=c, steps=100) for c in CW_CONSTANTS], norm="l2"),
+    Row("apgd_ce100", lambda eps: rj.attacks.APGD(eps=eps, loss="ce", steps=100),
+        lambda model, eps: [torchattacks.APGD(model, eps=eps, steps=100, loss="ce", n_restarts=1)]),
+    Row("pgd20_linf_grid8", pgd("linf"), torch_pgd(torchattacks.PGD), grid=True),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A model, its torch twin, a batch and the epsilon of each norm."""
+
+    name: str
+    clf: rj.Classifier
+    twin: nn.Module
+    x: np.ndarray
+    y: np.ndarray
+    eps: dict[str, float]
+
+
+def digits_setup(batch_size: int) -> Setup:
+    clf = rj.zoo.create("digits_cnn")
+    x, y = rj.data.digits("all").arrays(limit=batch_size)
+    return Setup("digits", clf, digits_cnn_to_torch(clf), x, y, {"linf": 0.1, "l2": 1.0})
+
+
+def resnet18_setup(batch_size: int) -> Setup:
+    clf = rj.zoo.create("resnet18_cifar", pretrained=False)
+    x = np.random.default_rng(0).uniform(size=(batch_size, *clf.input_shape)).astype(np.float32)
+    y = np.array(jax.jit(lambda c, images: c(images).argmax(-1))(clf, x), np.int32)  # writable, for torch
+    return Setup("resnet18", clf, resnet18_to_torch(clf), x, y, {"linf": 8 / 255, "l2": 0.5})
+
+
+SETUPS = {"digits": (digits_setup, 256), "resnet18": (resnet18_setup, 128)}
+
+
+def run_ours(attack, epsilons, clf, x, y, key) -> rj.attacks.AttackResult:
+    """One call; a grid is one vmapped sweep over its epsilons."""
+    if len(epsilons) > 1:
+        return jax.block_until_ready(attack.sweep(clf, x, y, key=key, eps=epsilons))
+    return jax.block_until_ready(attack(clf, x, y, key=key))
+
+
+def timed(call: Callable[[], list], repeats: int) -> tuple[float, float, list]:
+    """``seconds_per_call`` that also returns the last call's output."""
+    outputs = []
+    first, median = seconds_per_call(lambda: outputs.append(call()), repeats)
+    return first, median, outputs[-1]
+
+
+def measure(row: Row, setup: Setup, repeats: int) -> dict:
+    """Times one row on one model; success rates come from each library's last timed call."""
+    eps = setup.eps[row.norm]
+    epsilons = [eps * k for k in GRID] if row.grid else [eps]
+    ours = row.ours(eps)
+    theirs = [attack for e in epsilons for attack in row.theirs(setup.twin, e)]
+    x_torch, y_torch = to_nchw(setup.x), torch.from_numpy(setup.y).long()
+    key = jax.random.key(0)
+    first, ours_s, ours_result = timed(lambda: run_ours(ours, epsilons, setup.clf, setup.x, setup.y, key), repeats)
+    _, theirs_s, theirs_adv = timed(lambda: [attack(x_torch, y_torch) for attack in theirs], repeats)
+    ours_success = np.mean(ours_result.success)
+    with torch.no_grad():
+        theirs_success = np.mean([setup.twin(adv).argmax(1).numpy() != setup.y for adv in theirs_adv])
+    batch = len(setup.y)
+    return {
+        "name": row.name,
+        "params": ours.params() | ({"eps_grid": epsilons} if row.grid else {}),
+        "robustjax_images_per_s": batch / ours_s,
+        "peer_images_per_s": batch / theirs_s,
+        "ratio": theirs_s / ours_s,
+        "robustjax_compile_s": max(first - ours_s, 0.0),
+        "robustjax_success_rate": float(ours_success),
+        "peer_success_rate": float(theirs_success),
+    }
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=(*SETUPS, "all"), default="all")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: 256 digits, 128 resnet18")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls after the first (median taken)")
+    parser.add_argument("--attacks", default=",".join(r.name for r in ROWS), help="comma-separated rows")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
+    args = parser.parse_args()
+    known = {r.name for r in ROWS}
+    if unknown := sorted(set(args.attacks.split(",")) - known):
+        parser.error(f"unknown attacks {unknown}; known: {sorted(known)}")
+    return args
+
+
+def main() -> None:
+    args = parse_arguments()
+    rows = [r for r in ROWS if r.name in args.attacks.split(",")]
+    facts = machine_facts(("torch", "torchattacks"))
+    for model in SETUPS if args.model == "all" else (args.model,):
+        make_setup, default_batch = SETUPS[model]
+        setup = make_setup(args.batch_size or default_batch)
+        results = [measure(row, setup, args.repeats) for row in rows]
+        settings = {"model": setup.clf.name, "batch_size": len(setup.y), "repeats": args.repeats,
+                    "eps": setup.eps, "peer": "torchattacks", "torch_threads": torch.get_num_threads()}
+        report(f"attacks_{setup.name}", results, facts, settings, args.out)
+
+
+if __name__ == "__main__":
+    main()
