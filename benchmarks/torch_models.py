@@ -51,7 +51,7 @@ def digits_cnn_to_torch(classifier: rj.Classifier) -> TorchDigitsCNN:
 
 
 def to_nchw(x: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(x).transpose(0, 3, 1, 2)))
+    return torch.from_numpy(np.array(np.asarray(x).transpose(0, 3, 1, 2), order="C"))  # a writable copy
 
 
 def to_nhwc(x: torch.Tensor) -> np.ndarray:
