@@ -27,7 +27,7 @@ from robustjax.evaluation.timing import timed
 from robustjax.zoo.registry import count_params
 
 SCHEMA_VERSION = 1
-NORMS = ("linf", "l2", "l0")
+NORMS = ("linf", "l2", "l1", "l0")
 
 
 class DataParallel:
@@ -123,6 +123,7 @@ def attack_sections(
             "perturbation": {
                 "linf_mean": _mean_or_none(norms["linf"]),
                 "l2_mean": _mean_or_none(norms["l2"]),
+                "l1_mean": _mean_or_none(norms["l1"]),
                 "l0_mean": _mean_or_none(norms["l0"]),
                 "l2_median": float(np.median(norms["l2"])) if norms["l2"].size else None,
             },
