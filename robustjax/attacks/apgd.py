@@ -34,7 +34,7 @@ import numpy as np
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
-from robustjax.attacks.l1 import l1_random_start, project_l1_box, sparse_l1_direction
+from robustjax.attacks.l1 import l1_random_start
 from robustjax.attacks.loop import resolve_unroll
 from robustjax.attacks.pgd import check_unroll
 from robustjax.checks import check_choice, check_in_interval, check_nonnegative_float, check_positive_int
@@ -147,27 +147,17 @@ class APGD(Attack):
             return x
         if self.norm == "l1":
             return l1_random_start(key, x, self.eps)
-        if self.norm == "linf":
-            noise = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0)
-        else:
-            noise = jax.random.normal(key, x.shape, x.dtype)
-        scale = self.eps / (threat.per_example_norm(noise, self.norm) + 1e-12)
-        return jnp.clip(x + noise * scale.reshape((-1,) + (1,) * (x.ndim - 1)), 0.0, 1.0)
+        return threat.point_at_distance(key, x, self.eps, self.norm)
 
     def ascend(self, x, x_adv, x_prev, grad, step_size, sparsity, momentum):
         """One APGD step from ``x_adv``, projected onto the threat set and the box."""
-        eta = step_size.reshape((-1,) + (1,) * (x.ndim - 1))
         if self.norm == "l1":
             dim = x[0].size
             k = dim - jnp.clip(jnp.floor((1.0 - sparsity) * dim), 0, dim - 1).astype(jnp.int32)
-            moved = x_adv + eta * sparse_l1_direction(grad, x_adv, k)
-            return jnp.clip(x + project_l1_box(x, moved - x, self.eps), 0.0, 1.0)
-
-        def to_set(point):
-            return jnp.clip(x + threat.project(point - x, self.eps, self.norm), 0.0, 1.0)
-
-        z = to_set(x_adv + eta * threat.ascent_direction(grad, self.norm))
-        return to_set(x_adv + momentum * (z - x_adv) + (1.0 - momentum) * (x_adv - x_prev))
+            return threat.ascent_step(x, x_adv, grad, step_size, self.eps, "l1", k)
+        z = threat.ascent_step(x, x_adv, grad, step_size, self.eps, self.norm, None)
+        moved = x_adv + momentum * (z - x_adv) + (1.0 - momentum) * (x_adv - x_prev)
+        return threat.into_threat_set(x, moved, self.eps, self.norm)
 
     def run(self, classifier, x, y, key, target) -> AttackResult:
         batch, shape = x.shape[0], (-1,) + (1,) * (x.ndim - 1)

@@ -59,8 +59,7 @@ class Attack(abc.ABC):
         target: Int[Array, " b"] | None = None,
     ) -> AttackResult:
         self.validate(classifier, x, y, key, target)
-        return _run(self, classifier, jnp.asarray(x), jnp.asarray(y, jnp.int32), key,
-                    None if target is None else jnp.asarray(target, jnp.int32))
+        return _run(self, classifier, *_as_arrays(x, y, target), key)
 
     def validate(self, classifier, x, y, key, target) -> None:
         """Host-side checks of a call's arguments, before anything is traced."""
@@ -100,9 +99,7 @@ class Attack(abc.ABC):
             check_nonnegative_float(value, "every eps")
         check_positive_int(restarts, "restarts")
         self.validate(classifier, x, y, key, target)
-        return _sweep(self, restarts, classifier, jnp.asarray(x), jnp.asarray(y, jnp.int32), key,
-                      None if target is None else jnp.asarray(target, jnp.int32),
-                      jnp.asarray(grid, jnp.float32))
+        return _sweep(self, restarts, classifier, *_as_arrays(x, y, target), key, jnp.asarray(grid, jnp.float32))
 
     @abc.abstractmethod
     def run(self, classifier: Classifier, x, y, key, target) -> AttackResult:
@@ -113,8 +110,13 @@ class Attack(abc.ABC):
         return dataclasses.asdict(self)
 
 
+def _as_arrays(x, y, target) -> tuple:
+    """Validated inputs as JAX arrays: float images, int32 labels and targets."""
+    return jnp.asarray(x), jnp.asarray(y, jnp.int32), None if target is None else jnp.asarray(target, jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _run(attack: Attack, classifier, x, y, key, target) -> AttackResult:
+def _run(attack: Attack, classifier, x, y, target, key) -> AttackResult:
     return attack.run(classifier, x, y, key, target)
 
 
@@ -130,7 +132,7 @@ def with_traced_fields(attack: Attack, **fields) -> Attack:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _sweep(attack: Attack, restarts: int, classifier, x, y, key, target, grid) -> AttackResult:
+def _sweep(attack: Attack, restarts: int, classifier, x, y, target, key, grid) -> AttackResult:
     keys = jax.random.split(key, restarts)
 
     def one(eps, restart_key):

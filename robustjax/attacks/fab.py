@@ -183,12 +183,7 @@ class FAB(Attack):
         """``x``, or a random point at distance ``eps / 2`` from it, clipped to the box."""
         if not self.random_start:
             return x
-        if self.norm == "linf":
-            noise = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0)
-        else:
-            noise = jax.random.normal(key, x.shape, x.dtype)
-        scale = 0.5 * self.eps / (threat.per_example_norm(noise, self.norm) + 1e-12)
-        return jnp.clip(x + noise * scale.reshape((-1,) + (1,) * (x.ndim - 1)), 0.0, 1.0)
+        return threat.point_at_distance(key, x, 0.5 * self.eps, self.norm)
 
     def run(self, classifier, x, y, key, target) -> AttackResult:
         batch, num_classes = x.shape[0], classifier.num_classes

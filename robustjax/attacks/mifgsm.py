@@ -58,7 +58,8 @@ class MIFGSM(Attack):
         def update(_, x_adv, grad, momentum):
             l1 = jnp.sum(jnp.abs(grad), axis=tuple(range(1, grad.ndim)), keepdims=True)
             momentum = self.decay * momentum + grad / (l1 + _TINY)
-            step = threat.ascent_step(x, x_adv, momentum, self.alpha, self.eps, self.norm, self.l1_sparsity)
+            step = threat.ascent_step(
+                x, x_adv, momentum, self.alpha, self.eps, self.norm, threat.l1_count(self.l1_sparsity, x))
             return step, momentum
 
         x_adv, queries = gradient_ascent(

@@ -74,7 +74,7 @@ class PGD(Attack):
         x_start = threat.random_start(key, x, self.eps, self.norm) if self.random_start else x
 
         def update(_, x_adv, grad, carry):
-            return threat.ascent_step(x, x_adv, grad, self.alpha, self.eps, self.norm, self.l1_sparsity), carry
+            return threat.ascent_step(x, x_adv, grad, self.alpha, self.eps, self.norm, threat.l1_count(self.l1_sparsity, x)), carry
 
         x_adv, queries = gradient_ascent(
             classifier, x, y, target, x_start, steps=self.steps, update=update, carry=(),

@@ -51,23 +51,46 @@ def ascent_direction(grad: Float[Array, "b ..."], norm: str) -> Float[Array, "b 
     raise ValueError(f"unknown norm {norm!r}")
 
 
+def into_threat_set(x: Float[Array, "b ..."], point: Float[Array, "b ..."], eps, norm: str) -> Float[Array, "b ..."]:
+    """``point`` moved back into the threat set of ``x``: the eps-ball of ``norm`` and [0, 1].
+
+    linf/l2: project onto the ball, then clip to the box. l1: project exactly onto the l1
+    ball intersected with the box (Croce & Hein, "Mind the box", ICML 2021).
+    """
+    if norm == "l1":
+        return jnp.clip(x + project_l1_box(x, point - x, eps), 0.0, 1.0)
+    return jnp.clip(x + project(point - x, eps, norm), 0.0, 1.0)
+
+
 def ascent_step(
     x: Float[Array, "b ..."], x_adv: Float[Array, "b ..."], grad: Float[Array, "b ..."],
-    step_size: float, eps: float, norm: str, l1_sparsity: float,
+    step_size, eps, norm: str, l1_k,
 ) -> Float[Array, "b ..."]:
     """One projected steepest-ascent step from ``x_adv``, back into the threat set of ``x``.
 
-    linf/l2: move along :func:`ascent_direction`, project onto the ball, clip to [0, 1].
-    l1: move along the sparse direction on the top ``l1_sparsity`` fraction of the
-    coordinates the box lets move, then project exactly onto the l1 ball intersected with
-    the box (Croce & Hein, "Mind the box", ICML 2021).
+    linf/l2: move along :func:`ascent_direction`. l1: move along the sparse direction on
+    the top ``l1_k`` coordinates (a count, scalar or per example) that the box lets move.
+    ``step_size`` is a scalar or one value per example.
     """
-    if norm == "l1":
-        k = max(1, round(l1_sparsity * x[0].size))
-        moved = x_adv + step_size * sparse_l1_direction(grad, x_adv, k)
-        return jnp.clip(x + project_l1_box(x, moved - x, eps), 0.0, 1.0)
-    moved = x_adv + step_size * ascent_direction(grad, norm)
-    return jnp.clip(x + project(moved - x, eps, norm), 0.0, 1.0)
+    direction = sparse_l1_direction(grad, x_adv, l1_k) if norm == "l1" else ascent_direction(grad, norm)
+    step_size = jnp.reshape(jnp.asarray(step_size, x.dtype), (-1,) + (1,) * (x.ndim - 1))
+    return into_threat_set(x, x_adv + step_size * direction, eps, norm)
+
+
+def l1_count(fraction: float, x: Float[Array, "b ..."]) -> int:
+    """How many coordinates an l1 step moving ``fraction`` of them changes (at least 1)."""
+    return max(1, round(fraction * x[0].size))
+
+
+def point_at_distance(key: jax.Array, x: Float[Array, "b ..."], radius, norm: str) -> Float[Array, "b ..."]:
+    """``x`` plus random noise (uniform for linf, Gaussian otherwise) scaled to ``norm``
+    ``radius``, clipped to [0, 1]: the random start of AutoAttack's APGD and FAB."""
+    if norm == "linf":
+        noise = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0)
+    else:
+        noise = jax.random.normal(key, x.shape, x.dtype)
+    scale = radius / (per_example_norm(noise, norm) + _TINY)
+    return jnp.clip(x + noise * scale.reshape((-1,) + (1,) * (x.ndim - 1)), 0.0, 1.0)
 
 
 def random_start(key: jax.Array, x: Float[Array, "b ..."], eps: float, norm: str) -> Float[Array, "b ..."]:
