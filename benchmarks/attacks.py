@@ -3,7 +3,8 @@
     python -m benchmarks.attacks [--model digits|resnet18|all] [--batch-size N] [--repeats N]
                                  [--attacks NAME,...] [--out DIR]
 
-Both libraries attack the same images with the same architecture and weights. The digits
+Both libraries attack the same images with the same architecture and weights, on the same
+device (the GPU when JAX runs on one). The digits
 CNN uses its trained weights on digits images (batch 256); the ResNet-18 uses random
 weights on uniform random images labelled with its own predictions (batch 128), which is
 enough for throughput. Iterative attacks run every step (no early stop). A grid row runs
@@ -31,7 +32,7 @@ import torchattacks
 from torch import nn
 
 import robustjax as rj
-from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call
+from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call, torch_device
 from benchmarks.torch_models import digits_cnn_to_torch, to_nchw
 from benchmarks.torch_resnet import resnet18_to_torch
 
@@ -90,14 +91,14 @@ class Setup:
 def digits_setup(batch_size: int) -> Setup:
     clf = rj.zoo.create("digits_cnn")
     x, y = rj.data.digits("all").arrays(limit=batch_size)
-    return Setup("digits", clf, digits_cnn_to_torch(clf), x, y, {"linf": 0.1, "l2": 1.0})
+    return Setup("digits", clf, digits_cnn_to_torch(clf).to(torch_device()), x, y, {"linf": 0.1, "l2": 1.0})
 
 
 def resnet18_setup(batch_size: int) -> Setup:
     clf = rj.zoo.create("resnet18_cifar", pretrained=False)
     x = np.random.default_rng(0).uniform(size=(batch_size, *clf.input_shape)).astype(np.float32)
     y = np.array(jax.jit(lambda c, images: c(images).argmax(-1))(clf, x), np.int32)  # writable, for torch
-    return Setup("resnet18", clf, resnet18_to_torch(clf), x, y, {"linf": 8 / 255, "l2": 0.5})
+    return Setup("resnet18", clf, resnet18_to_torch(clf).to(torch_device()), x, y, {"linf": 8 / 255, "l2": 0.5})
 
 
 SETUPS = {"digits": (digits_setup, 256), "resnet18": (resnet18_setup, 128)}
@@ -108,6 +109,13 @@ def run_ours(attack, epsilons, clf, x, y, key) -> rj.attacks.AttackResult:
     if len(epsilons) > 1:
         return jax.block_until_ready(attack.sweep(clf, x, y, key=key, eps=epsilons))
     return jax.block_until_ready(attack(clf, x, y, key=key))
+
+
+def synchronized(outputs: list) -> list:
+    """Waits for queued GPU work, so that torch timings cover it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return outputs
 
 
 def timed(call: Callable[[], list], repeats: int) -> tuple[float, float, list]:
@@ -123,13 +131,14 @@ def measure(row: Row, setup: Setup, repeats: int) -> dict:
     epsilons = [eps * k for k in GRID] if row.grid else [eps]
     ours = row.ours(eps)
     theirs = [attack for e in epsilons for attack in row.theirs(setup.twin, e)]
-    x_torch, y_torch = to_nchw(setup.x), torch.from_numpy(setup.y).long()
+    device = next(setup.twin.parameters()).device
+    x_torch, y_torch = to_nchw(setup.x).to(device), torch.from_numpy(setup.y).long().to(device)
     key = jax.random.key(0)
     first, ours_s, ours_result = timed(lambda: run_ours(ours, epsilons, setup.clf, setup.x, setup.y, key), repeats)
-    _, theirs_s, theirs_adv = timed(lambda: [attack(x_torch, y_torch) for attack in theirs], repeats)
+    _, theirs_s, theirs_adv = timed(lambda: synchronized([attack(x_torch, y_torch) for attack in theirs]), repeats)
     ours_success = np.mean(ours_result.success)
     with torch.no_grad():
-        theirs_success = np.mean([setup.twin(adv).argmax(1).numpy() != setup.y for adv in theirs_adv])
+        theirs_success = np.mean([setup.twin(adv).argmax(1).cpu().numpy() != setup.y for adv in theirs_adv])
     batch = len(setup.y)
     return {
         "name": row.name,
@@ -166,7 +175,8 @@ def main() -> None:
         setup = make_setup(args.batch_size or default_batch)
         results = [measure(row, setup, args.repeats) for row in rows]
         settings = {"model": setup.clf.name, "batch_size": len(setup.y), "repeats": args.repeats,
-                    "eps": setup.eps, "peer": "torchattacks", "torch_threads": torch.get_num_threads()}
+                    "eps": setup.eps, "peer": "torchattacks", "torch_threads": torch.get_num_threads(),
+                    "torch_device": torch_device()}
         report(f"attacks_{setup.name}", results, facts, settings, args.out)
 
 

@@ -49,6 +49,13 @@ def machine_facts(peers: tuple[str, ...]) -> dict:
     }
 
 
+def torch_device() -> str:
+    """The torch peer runs where JAX runs: on the GPU when JAX's backend is one."""
+    import torch
+
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
 def seconds_per_call(call: Callable[[], object], repeats: int) -> tuple[float, float]:
     """(first call, median of ``repeats`` later calls) in seconds; ``call`` must block."""
     start = time.perf_counter()

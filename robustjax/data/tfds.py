@@ -8,7 +8,6 @@ dataset must already be prepared in ``data_dir`` (``tfds build NAME`` or
 from __future__ import annotations
 
 import numpy as np
-import tensorflow_datasets as tfds
 from PIL import Image
 
 from robustjax.data.dataset import ImageDataset
