@@ -21,18 +21,34 @@ class ModelEntry:
     build: Callable[..., Classifier]
     weights: str | None  # where pretrained weights come from, or None for none
     description: str
+    convert: Callable | None = None  # ``convert(TorchWeights) -> pure dict`` (zoo/convert.py)
+    torch_source: str | None = None  # the PyTorch model the converter reads, e.g. "torchvision.models.resnet18"
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
 
 
-def register_model(name: str, *, family: str, weights: str | None = None, description: str = ""):
-    """Registers ``build(*, key, pretrained, **kwargs) -> Classifier`` under ``name``."""
+def register_model(
+    name: str,
+    *,
+    family: str,
+    weights: str | None = None,
+    description: str = "",
+    convert: Callable | None = None,
+    torch_source: str | None = None,
+):
+    """Registers ``build(*, key, pretrained, **kwargs) -> Classifier`` under ``name``.
+
+    ``convert`` maps a PyTorch state dict (a ``zoo.convert.TorchWeights``) of
+    ``torch_source`` to this model's parameters.
+    """
 
     def decorator(build: Callable[..., Classifier]) -> Callable[..., Classifier]:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is already registered")
-        _REGISTRY[name] = ModelEntry(name, family, build, weights, description or (build.__doc__ or "").strip())
+        _REGISTRY[name] = ModelEntry(
+            name, family, build, weights, description or (build.__doc__ or "").strip(), convert, torch_source
+        )
         return build
 
     return decorator
