@@ -2,6 +2,8 @@
 
     robustjax evaluate [--model M] [--dataset D] [--split S] [--plan FILE] [--out DIR]
     robustjax zoo list [PATTERN]
+    robustjax zoo card NAME
+    robustjax zoo convert NAME CHECKPOINT --out DIR [--num-classes N]
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -23,10 +26,13 @@ DEFAULT_MODEL = "digits_cnn"
 DEFAULT_OUT = "robustjax-report"
 
 
-def load_model(spec: str) -> Classifier:
-    """A zoo model name, or ``package.module:function`` returning a :class:`Classifier`."""
+def load_model(spec: str, weights: str | None = None) -> Classifier:
+    """A zoo model name (with converted ``weights``, a folder from ``zoo convert``), or
+    ``package.module:function`` returning a :class:`Classifier`."""
     if ":" not in spec:
-        return zoo.create(spec)
+        return zoo.create(spec, weights=weights)
+    if weights is not None:
+        raise ValueError("--weights applies to zoo models, not to package.module:function models")
     module_name, _, function_name = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), function_name)
@@ -39,7 +45,7 @@ def load_model(spec: str) -> Classifier:
 
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
-    classifier = load_model(args.model)
+    classifier = load_model(args.model, args.weights)
     dataset = data.load(args.dataset, args.split, image_size=args.image_size, data_dir=args.data_dir)
     plan = load_plan(args.plan) if args.plan else default_plan(dataset.name)
     if args.num_examples is not None:
@@ -56,7 +62,20 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
 def cmd_zoo_list(args: argparse.Namespace, console: Console) -> int:
     for name in zoo.list_models(args.pattern):
         entry = zoo.get_entry(name)
-        console.print(f"{name:24s} {entry.family:16s} {entry.description}")
+        console.print(f"{name:32s} {entry.family:16s} {entry.description.splitlines()[0] if entry.description else ''}",
+                      highlight=False)
+    return 0
+
+
+def cmd_zoo_card(args: argparse.Namespace, console: Console) -> int:
+    console.print_json(json.dumps(zoo.card(args.name)))
+    return 0
+
+
+def cmd_zoo_convert(args: argparse.Namespace, console: Console) -> int:
+    out = zoo.convert_checkpoint(args.name, args.checkpoint, args.out, num_classes=args.num_classes)
+    console.print(f"converted {args.checkpoint} to {out}; evaluate with "
+                  f"`robustjax evaluate --model {args.name} --weights {out}`")
     return 0
 
 
@@ -71,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="test", help="dataset split (default: %(default)s)")
     ev.add_argument("--plan", help="TOML or JSON plan file, or a built-in plan: default, digits, whitebox "
                     "(default: the built-in plan for the dataset)")
+    ev.add_argument("--weights", help="folder of converted weights for a zoo model (see `zoo convert`)")
     ev.add_argument("--out", default=DEFAULT_OUT, help="output folder for report.json (default: %(default)s)")
     ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
     ev.add_argument("--image-size", type=int, help="resize and centre-crop images to this size")
@@ -82,6 +102,15 @@ def parser() -> argparse.ArgumentParser:
     listing = zoo_sub.add_parser("list", help="list registered models")
     listing.add_argument("pattern", nargs="?", default="*", help="glob pattern (default: all)")
     listing.set_defaults(run=cmd_zoo_list)
+    card = zoo_sub.add_parser("card", help="print a model's card: parameters, FLOPs, input, normalisation")
+    card.add_argument("name")
+    card.set_defaults(run=cmd_zoo_card)
+    convert = zoo_sub.add_parser("convert", help="convert a PyTorch checkpoint (safetensors or weights-only .pt)")
+    convert.add_argument("name", help="zoo model the checkpoint belongs to")
+    convert.add_argument("checkpoint", help=".safetensors, .pt, .pth, .bin or .ckpt file")
+    convert.add_argument("--out", required=True, help="folder to write weights/ and card.json to")
+    convert.add_argument("--num-classes", type=int, help="class count of the checkpoint's head (default: the model's)")
+    convert.set_defaults(run=cmd_zoo_convert)
     return main
 
 

@@ -13,6 +13,8 @@ named in the error.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from flax import nnx
 
 from robustjax.classifier import Classifier
 from robustjax.zoo.registry import get_entry
-from robustjax.zoo.weights import check_compatible
+from robustjax.zoo.weights import check_compatible, save_weights
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 # Wrappers that training scripts put around the state dict, and the prefixes of
@@ -178,3 +180,20 @@ def from_torch(
     state = classifier.params
     nnx.replace_by_pure_dict(state, converted)
     return classifier.replace(params=state)
+
+
+def convert_checkpoint(name: str, checkpoint: str | Path, out: str | Path, *, num_classes: int | None = None) -> Path:
+    """Converts a PyTorch checkpoint file of zoo model ``name`` and stores it in folder ``out``:
+    ``weights/`` (orbax) and ``card.json`` (model, class count, source file and its SHA-256),
+    which ``zoo.create(name, weights=out)`` reads back."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    classifier = from_torch(name, load_state_dict(checkpoint), num_classes=num_classes, source=checkpoint.name)
+    save_weights(out / "weights", classifier.params)
+    card = {
+        "name": name,
+        "num_classes": classifier.num_classes,
+        "source": {"file": str(checkpoint.resolve()), "sha256": hashlib.sha256(checkpoint.read_bytes()).hexdigest(),
+                   "torch_source": get_entry(name).torch_source},
+    }
+    (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    return out

@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
+import numpy as np
 
 from robustjax.classifier import Classifier
+from robustjax.zoo.weights import load_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,20 +71,67 @@ def get_entry(name: str) -> ModelEntry:
     return _REGISTRY[name]
 
 
-def create(name: str, *, pretrained: bool = True, key: jax.Array | None = None, **kwargs) -> Classifier:
-    """Builds a registered model; with ``pretrained`` it loads its stored weights.
+def create(
+    name: str,
+    *,
+    pretrained: bool = True,
+    key: jax.Array | None = None,
+    weights: str | Path | None = None,
+    **kwargs,
+) -> Classifier:
+    """Builds a registered model; with ``pretrained`` it loads its bundled weights.
 
-    ``key`` seeds the random initialisation (default ``jax.random.key(0)``).
+    ``weights`` is a folder written by ``robustjax zoo convert`` (or ``convert.save_converted``):
+    its ``weights/`` checkpoint replaces the parameters and its ``card.json`` gives the class
+    count. ``key`` seeds the random initialisation (default ``jax.random.key(0)``).
     """
     entry = get_entry(name)
+    key = jax.random.key(0) if key is None else key
+    if weights is not None:
+        return _with_stored_weights(entry, Path(weights), key, kwargs)
     if pretrained and entry.weights is None:
-        raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
-    return entry.build(key=jax.random.key(0) if key is None else key, pretrained=pretrained, **kwargs)
+        raise ValueError(
+            f"model {name!r} has no pretrained weights bundled; pass pretrained=False, or convert a PyTorch "
+            f"checkpoint with `robustjax zoo convert {name} CHECKPOINT --out DIR` and pass weights=DIR"
+        )
+    return entry.build(key=key, pretrained=pretrained, **kwargs)
+
+
+def _with_stored_weights(entry: ModelEntry, folder: Path, key: jax.Array, kwargs: dict) -> Classifier:
+    card_path = folder / "card.json"
+    if not card_path.is_file():
+        raise ValueError(f"{str(folder)!r} holds no converted weights (no card.json); see `robustjax zoo convert`")
+    card = json.loads(card_path.read_text())
+    if card.get("name") != entry.name:
+        raise ValueError(f"{str(folder)!r} holds weights of {card.get('name')!r}, not {entry.name!r}")
+    kwargs = {"num_classes": card["num_classes"], **card.get("build_kwargs", {}), **kwargs}
+    classifier = entry.build(key=key, pretrained=False, **kwargs)
+    return classifier.replace(params=load_weights(folder / "weights", classifier.params))
+
+
+def card(name: str, **kwargs) -> dict:
+    """The model card of ``name``: family, parameter count, FLOPs of one forward pass at the
+    default input size (from XLA's cost analysis of the compiled program), input shape,
+    normalisation and weight source. Built abstractly: no parameters are allocated."""
+    entry = get_entry(name)
+    abstract = jax.eval_shape(lambda key: entry.build(key=key, pretrained=False, **kwargs), jax.random.key(0))
+    return {
+        "name": name,
+        "family": entry.family,
+        "description": entry.description,
+        "num_params": count_params(abstract),
+        "flops": count_flops(abstract),
+        "input_shape": list(abstract.input_shape),
+        "num_classes": abstract.num_classes,
+        "normalization": {"mean": list(abstract.mean), "std": list(abstract.std)},
+        "weights": entry.weights,
+        "torch_source": entry.torch_source,
+    }
 
 
 def count_params(classifier: Classifier) -> int:
     """Number of scalars in the classifier's parameters (batch statistics included)."""
-    return sum(leaf.size for leaf in jax.tree.leaves(classifier.params))
+    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(classifier.params))
 
 
 def count_flops(classifier: Classifier, batch_size: int = 1) -> float:
