@@ -32,7 +32,7 @@ import torchattacks
 from torch import nn
 
 import robustjax as rj
-from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call, torch_device
+from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call, synchronized, torch_device
 from benchmarks.torch_models import digits_cnn_to_torch, to_nchw
 from benchmarks.torch_resnet import resnet18_to_torch
 
@@ -109,13 +109,6 @@ def run_ours(attack, epsilons, clf, x, y, key) -> rj.attacks.AttackResult:
     if len(epsilons) > 1:
         return jax.block_until_ready(attack.sweep(clf, x, y, key=key, eps=epsilons))
     return jax.block_until_ready(attack(clf, x, y, key=key))
-
-
-def synchronized(outputs: list) -> list:
-    """Waits for queued GPU work, so that torch timings cover it."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return outputs
 
 
 def timed(call: Callable[[], list], repeats: int) -> tuple[float, float, list]:

@@ -56,6 +56,15 @@ def torch_device() -> str:
     return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
 
 
+def synchronized(value):
+    """``value``, once queued GPU work is done, so that torch timings cover it."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return value
+
+
 def seconds_per_call(call: Callable[[], object], repeats: int) -> tuple[float, float]:
     """(first call, median of ``repeats`` later calls) in seconds; ``call`` must block."""
     start = time.perf_counter()

@@ -73,7 +73,8 @@ def cmd_zoo_card(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_zoo_convert(args: argparse.Namespace, console: Console) -> int:
-    out = zoo.convert_checkpoint(args.name, args.checkpoint, args.out, num_classes=args.num_classes)
+    kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
+    out = zoo.convert_checkpoint(args.name, args.checkpoint, args.out, **kwargs)
     console.print(f"converted {args.checkpoint} to {out}; evaluate with "
                   f"`robustjax evaluate --model {args.name} --weights {out}`")
     return 0

@@ -161,37 +161,42 @@ def from_torch(
     name: str,
     state_dict: Mapping[str, np.ndarray],
     *,
-    num_classes: int | None = None,
     source: str = "state dict",
+    **build_kwargs,
 ) -> Classifier:
-    """The zoo model ``name`` with weights converted from a PyTorch ``state_dict``
-    (``num_classes`` defaults to the model builder's own default)."""
+    """The zoo model ``name`` with weights converted from a PyTorch ``state_dict``.
+
+    ``build_kwargs`` (``num_classes``, and any size option of the model's builder) build the
+    architecture that the state dict belongs to. The model is built abstractly, so no random
+    initialisation is spent on weights that are replaced.
+    """
     entry = get_entry(name)
     if entry.convert is None:
         raise ValueError(f"model {name!r} has no PyTorch converter")
-    kwargs = {} if num_classes is None else {"num_classes": num_classes}
-    classifier = entry.build(key=jax.random.key(0), pretrained=False, **kwargs)
+    classifier = jax.eval_shape(
+        lambda key: entry.build(key=key, pretrained=False, **build_kwargs), jax.random.key(0))
     weights = TorchWeights(strip_wrappers(state_dict), source)
     converted = entry.convert(weights)
     weights.check_all_used()
     expected = nnx.to_pure_dict(classifier.params)
     check_compatible(expected, converted, source)
-    converted = jax.tree.map(lambda e, c: np.asarray(c, dtype=np.asarray(e).dtype), expected, converted)
+    converted = jax.tree.map(lambda e, c: jax.numpy.asarray(c, dtype=e.dtype), expected, converted)
     state = classifier.params
     nnx.replace_by_pure_dict(state, converted)
     return classifier.replace(params=state)
 
 
-def convert_checkpoint(name: str, checkpoint: str | Path, out: str | Path, *, num_classes: int | None = None) -> Path:
+def convert_checkpoint(name: str, checkpoint: str | Path, out: str | Path, **build_kwargs) -> Path:
     """Converts a PyTorch checkpoint file of zoo model ``name`` and stores it in folder ``out``:
     ``weights/`` (orbax) and ``card.json`` (model, class count, source file and its SHA-256),
     which ``zoo.create(name, weights=out)`` reads back."""
     checkpoint, out = Path(checkpoint), Path(out)
-    classifier = from_torch(name, load_state_dict(checkpoint), num_classes=num_classes, source=checkpoint.name)
+    classifier = from_torch(name, load_state_dict(checkpoint), source=checkpoint.name, **build_kwargs)
     save_weights(out / "weights", classifier.params)
     card = {
         "name": name,
         "num_classes": classifier.num_classes,
+        "build_kwargs": {k: v for k, v in build_kwargs.items() if k != "num_classes"},
         "source": {"file": str(checkpoint.resolve()), "sha256": hashlib.sha256(checkpoint.read_bytes()).hexdigest(),
                    "torch_source": get_entry(name).torch_source},
     }

@@ -20,6 +20,11 @@ def _flat(tree) -> dict[str, tuple]:
     return {jax.tree_util.keystr(path, simple=True, separator="."): leaf for path, leaf in flat}
 
 
+def _shape(value) -> tuple[int, ...]:
+    """Shape of an array or of an abstract ``jax.ShapeDtypeStruct``."""
+    return tuple(getattr(value, "shape", np.shape(value)))
+
+
 def save_weights(path: str | Path, state: nnx.State) -> None:
     """Writes the state's arrays to ``path`` (a directory, replaced if present)."""
     tree = jax.tree.map(np.asarray, nnx.to_pure_dict(state))
@@ -30,12 +35,12 @@ def save_weights(path: str | Path, state: nnx.State) -> None:
 def check_compatible(expected: dict, given: dict, source: str) -> None:
     """Raises a ValueError naming every missing, unexpected or wrongly shaped tensor."""
     expected, given = _flat(expected), _flat(given)
-    problems = [f"missing {name} {tuple(np.shape(v))}" for name, v in expected.items() if name not in given]
-    problems += [f"unexpected {name} {tuple(np.shape(v))}" for name, v in given.items() if name not in expected]
+    problems = [f"missing {name} {_shape(v)}" for name, v in expected.items() if name not in given]
+    problems += [f"unexpected {name} {_shape(v)}" for name, v in given.items() if name not in expected]
     problems += [
-        f"{name} has shape {tuple(np.shape(given[name]))}, expected {tuple(np.shape(v))}"
+        f"{name} has shape {_shape(given[name])}, expected {_shape(v)}"
         for name, v in expected.items()
-        if name in given and tuple(np.shape(given[name])) != tuple(np.shape(v))
+        if name in given and _shape(given[name]) != _shape(v)
     ]
     if problems:
         raise ValueError(f"{source} does not fit the model: " + "; ".join(problems))
