@@ -1,10 +1,11 @@
 """Zoo throughput, robustjax against PyTorch: forward and forward+backward images/s.
 
-    python -m benchmarks.zoo [--models NAME,...] [--batch-size N] [--image-size N] [--repeats N] [--out DIR]
+    python -m benchmarks.zoo [--models NAME,...] [--batch-size N] [--repeats N] [--out DIR]
 
 Each model is built in PyTorch from its registered ``torch_source`` (``torchvision.models.X``
 or ``timm:X``; models with another source are skipped), randomly initialised, and converted
-to robustjax with ``zoo.from_torch``, so both run the same weights on the same random images.
+to robustjax with ``zoo.from_torch``, so both run the same weights on the same random images
+at the model's own input size.
 "forward" is inference logits; "backward" is the gradient of the true-class logit with respect
 to the input, what gradient attacks compute at every step. One JSON file:
 results/zoo.BACKEND.json.
@@ -51,7 +52,7 @@ def torch_model(source: str | None) -> torch.nn.Module | None:
     return getattr(torchvision.models, match["tv"])(weights=None, **kwargs)
 
 
-def measure(name: str, batch_size: int, image_size: int | None, repeats: int) -> list[dict] | None:
+def measure(name: str, batch_size: int, repeats: int) -> list[dict] | None:
     entry = rj.zoo.get_entry(name)
     twin = torch_model(entry.torch_source)
     if twin is None:
@@ -60,7 +61,7 @@ def measure(name: str, batch_size: int, image_size: int | None, repeats: int) ->
     twin.eval()
     state = {k: v.detach().numpy() for k, v in twin.state_dict().items()}
     clf = rj.zoo.from_torch(name, state)
-    shape = clf.input_shape if image_size is None else (image_size, image_size, clf.input_shape[-1])
+    shape = clf.input_shape
     x = np.random.default_rng(0).uniform(size=(batch_size, *shape)).astype(np.float32)
     y = np.zeros(batch_size, np.int32)
     twin = twin.to(torch_device())
@@ -101,15 +102,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo names")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--image-size", type=int, default=None, help="default: each model's own input size")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls after the first (median taken)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
     args = parser.parse_args()
     names = args.models.split(",")
     for name in names:
         rj.zoo.get_entry(name)  # unknown names fail before any work
-    rows = [row for name in names for row in (measure(name, args.batch_size, args.image_size, args.repeats) or [])]
-    settings = {"batch_size": args.batch_size, "image_size": args.image_size, "repeats": args.repeats,
+    rows = [row for name in names for row in (measure(name, args.batch_size, args.repeats) or [])]
+    settings = {"batch_size": args.batch_size, "repeats": args.repeats,
                 "peer": "torch", "torch_threads": torch.get_num_threads(), "torch_device": torch_device()}
     report("zoo", rows, machine_facts(("torch", "torchvision", "timm")), settings, args.out)
 
