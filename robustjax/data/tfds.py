@@ -26,8 +26,11 @@ def from_tfds(
     """``name`` (e.g. ``cifar10``, ``svhn_cropped``, ``imagenet2012``) and ``split`` from tfds.
 
     Datasets whose images vary in size (ImageNet) need ``image_size``: images are resized
-    (shorter side to ``image_size / 0.875``) and centre-cropped.
+    (shorter side to ``image_size / 0.875``) and centre-cropped. tensorflow-datasets is
+    imported here rather than with robustjax, which it would slow down.
     """
+    import tensorflow_datasets as tfds
+
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as error:
