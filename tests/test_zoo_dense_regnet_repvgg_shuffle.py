@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 import robustjax as rj
+from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo import densenet, regnet, repvgg, shufflenet  # noqa: F401  (registers the models)
 from robustjax.zoo.convert import TorchWeights, from_torch
 
@@ -254,29 +255,14 @@ def test_channel_shuffle_matches_torchvision():
 
 # --- full-size parameter counts -------------------------------------------------------------
 
-@pytest.fixture
-def fast_abstract_tracing(monkeypatch):
-    """Tracing a model's construction (``jax.eval_shape``) is quadratic in its size in jax
-    0.10: flax NNX probes ``tracer.sharding`` on every variable update and the probe's
-    AttributeError message walks every equation traced so far (jax-ml/jax#40041). The
-    probe only needs the AttributeError, so tests raise it without the message (DenseNet-201:
-    8.6 s -> 1.2 s of CPU)."""
-    from jax._src import core
-
-    def no_sharding(tracer):
-        raise AttributeError("tracers have no sharding")
-
-    monkeypatch.setattr(core.Tracer, "sharding", property(no_sharding))
-
-
 @pytest.mark.parametrize("name", list(ROBUSTART_PARAMS_M))
-def test_full_size_parameter_counts(name, fast_abstract_tracing):
+def test_full_size_parameter_counts(name):
     with torch.device("meta"):
         model = torch_model(name)
     n_params = sum(p.numel() for p in model.parameters())
     n_stats = sum(b.numel() for k, b in model.named_buffers()
                   if k.endswith(("running_mean", "running_var")))
-    abstract = jax.eval_shape(lambda key: rj.zoo.get_entry(name).build(key=key), jax.random.key(0))
+    abstract = build_abstract(rj.zoo.get_entry(name).build)
     assert rj.zoo.count_params(abstract) == n_params + n_stats
     assert round(n_params / 1e6, 2) == ROBUSTART_PARAMS_M[name]
 

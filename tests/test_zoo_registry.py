@@ -6,6 +6,7 @@ import jax
 import pytest
 
 import robustjax as rj
+from robustjax.zoo.abstract import build_abstract
 
 NAMES = rj.zoo.list_models()
 
@@ -13,8 +14,7 @@ NAMES = rj.zoo.list_models()
 @functools.cache
 def abstract(name: str) -> rj.Classifier:
     """The model with shape-only parameters (nothing is allocated or initialised)."""
-    build = rj.zoo.get_entry(name).build
-    return jax.eval_shape(lambda key: build(key=key, pretrained=False), jax.random.key(0))
+    return build_abstract(rj.zoo.get_entry(name).build)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 import robustjax as rj
+from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo import mixer, swin, vit  # noqa: F401  (registers the models)
 from robustjax.zoo.convert import TorchWeights, from_torch
 from robustjax.zoo.weights import check_compatible
@@ -64,8 +65,7 @@ def numpy_state(model) -> dict[str, np.ndarray]:
 def abstract(name: str, **kwargs) -> rj.Classifier:
     """The classifier with shape-only parameters: built without running the initialisers,
     which would compile once per parameter shape for weights about to be replaced."""
-    build = rj.zoo.get_entry(name).build
-    return jax.eval_shape(lambda key: build(key=key, pretrained=False, **kwargs), jax.random.key(0))
+    return build_abstract(rj.zoo.get_entry(name).build, **kwargs)
 
 
 def with_weights(clf: rj.Classifier, state_dict: dict, convert) -> rj.Classifier:

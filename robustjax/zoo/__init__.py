@@ -1,14 +1,20 @@
 """Model zoo: registered architectures returning :class:`robustjax.Classifier`."""
 
-from robustjax.zoo import densenet as _densenet  # noqa: F401  (each module registers its models)
+from robustjax.zoo import cifar_resnet as _cifar_resnet  # noqa: F401  (each module registers its models)
+from robustjax.zoo import densenet as _densenet  # noqa: F401
 from robustjax.zoo import digits_cnn as _digits_cnn  # noqa: F401
+from robustjax.zoo import efficientnet as _efficientnet  # noqa: F401
 from robustjax.zoo import mixer as _mixer  # noqa: F401
+from robustjax.zoo import mobilenet_v2 as _mobilenet_v2  # noqa: F401
+from robustjax.zoo import mobilenet_v3 as _mobilenet_v3  # noqa: F401
 from robustjax.zoo import regnet as _regnet  # noqa: F401
 from robustjax.zoo import repvgg as _repvgg  # noqa: F401
+from robustjax.zoo import resnet as _resnet  # noqa: F401
 from robustjax.zoo import shufflenet as _shufflenet  # noqa: F401
 from robustjax.zoo import swin as _swin  # noqa: F401
 from robustjax.zoo import vit as _vit  # noqa: F401
-from robustjax.zoo import resnet_cifar as _resnet_cifar  # noqa: F401  (registers the model)
+from robustjax.zoo import wide_resnet as _wide_resnet  # noqa: F401
+from robustjax.zoo import resnet_cifar as _resnet_cifar  # noqa: F401
 from robustjax.zoo.convert import convert_checkpoint, from_torch
 from robustjax.zoo.repvgg import reparameterize as repvgg_reparameterize
 from robustjax.zoo.registry import card, count_flops, count_params, create, get_entry, list_models, register_model

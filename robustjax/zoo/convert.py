@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from robustjax.classifier import Classifier
+from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo.registry import get_entry
 from robustjax.zoo.weights import check_compatible, save_weights
 
@@ -173,8 +174,7 @@ def from_torch(
     entry = get_entry(name)
     if entry.convert is None:
         raise ValueError(f"model {name!r} has no PyTorch converter")
-    classifier = jax.eval_shape(
-        lambda key: entry.build(key=key, pretrained=False, **build_kwargs), jax.random.key(0))
+    classifier = build_abstract(entry.build, **build_kwargs)
     weights = TorchWeights(strip_wrappers(state_dict), source)
     converted = entry.convert(weights)
     weights.check_all_used()

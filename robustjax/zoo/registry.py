@@ -113,8 +113,10 @@ def card(name: str, **kwargs) -> dict:
     """The model card of ``name``: family, parameter count, FLOPs of one forward pass at the
     default input size (from XLA's cost analysis of the compiled program), input shape,
     normalisation and weight source. Built abstractly: no parameters are allocated."""
+    from robustjax.zoo.abstract import build_abstract
+
+    abstract = build_abstract(get_entry(name).build, **kwargs)
     entry = get_entry(name)
-    abstract = jax.eval_shape(lambda key: entry.build(key=key, pretrained=False, **kwargs), jax.random.key(0))
     return {
         "name": name,
         "family": entry.family,
