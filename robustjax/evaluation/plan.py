@@ -12,6 +12,17 @@ A plan file is TOML or JSON::
     restarts = 1              # random restarts, vmapped; the per-example worst case is kept
     steps = 10                # any other field of the attack's config
 
+    [corruptions]             # optional: accuracy under natural corruptions
+    names = "imagenet-c"      # the 15 of ImageNet-C, "all" (19), or a list of names
+    severities = [1, 2, 3, 4, 5]
+    preset = "cifar"          # constants: "imagenet" or "cifar" (default: by image size)
+    baseline = "alexnet"      # optional: normalise to mCE and relative mCE by AlexNet's errors
+
+    [sequences]               # optional: ImageNet-P flip probability and top-5 distance
+    names = "all"             # the 14 perturbations, or a list of names
+    difficulty = 1            # noise strength (noise) or comparison step (others): 1, 2 or 3
+    batch_size = 16           # images per batch; each brings its whole sequence of frames
+
 Every attack config is built (and so validated) when the plan is read, before anything
 runs, so a malformed plan fails at once with a message naming the bad entry.
 """
@@ -24,10 +35,17 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from robustjax import attacks
+from robustjax import attacks, noise
 from robustjax.attacks.base import Attack
+from robustjax.checks import check_choice
+from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 
-PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks"}
+PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences"}
+CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
+SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
+# Named sets of corruptions: the 15 of the ImageNet-C benchmark, or all 19.
+CORRUPTION_SETS = {"imagenet-c": ("noise", "blur", "weather", "digital"), "all": noise.FAMILIES}
+BASELINES = {"alexnet": ALEXNET_IMAGENET_C_ERRORS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +67,39 @@ class AttackRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class CorruptionRun:
+    """Corruptions, each at every severity; ``baseline`` names the errors that normalise mCE."""
+
+    names: tuple[str, ...]
+    severities: tuple[int, ...] = noise.SEVERITIES
+    preset: str | None = None
+    baseline: str | None = None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"names": list(self.names), "severities": list(self.severities)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceRun:
+    """ImageNet-P perturbation sequences (``noise.sequences``) and their evaluation settings."""
+
+    names: tuple[str, ...]
+    difficulty: int = 1
+    length: int | None = None
+    preset: str | None = None
+    batch_size: int = 16
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"names": list(self.names)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A validated evaluation plan."""
 
     runs: tuple[AttackRun, ...]
+    corruptions: CorruptionRun | None = None
+    sequences: SequenceRun | None = None
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
@@ -69,6 +116,8 @@ class Plan:
             "num_examples": self.num_examples,
             "seed": self.seed,
             "attacks": [{"name": run.attack.name, **params} for run in self.runs for params in run.entries()],
+            "corruptions": None if self.corruptions is None else self.corruptions.as_dict(),
+            "sequences": None if self.sequences is None else self.sequences.as_dict(),
         }
 
 
@@ -104,6 +153,63 @@ def _attack_run(index: int, entry) -> AttackRun:
     return AttackRun(attack=attack, eps=eps, restarts=restarts)
 
 
+def _corruption_run(raw) -> CorruptionRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'corruptions' must be a table, got {raw!r}")
+    if unknown := sorted(set(raw) - CORRUPTION_KEYS):
+        raise ValueError(f"plan: corruptions: unknown key(s) {unknown}; allowed keys are {sorted(CORRUPTION_KEYS)}")
+    names = raw.get("names", "imagenet-c")
+    if isinstance(names, str) and names in CORRUPTION_SETS:
+        names = [name for family in CORRUPTION_SETS[names] for name in noise.names(family)]
+    elif not isinstance(names, list) or not names:
+        raise ValueError(f"plan: corruptions.names must be {sorted(CORRUPTION_SETS)} or a non-empty list, got {names!r}")
+    severities = raw.get("severities", list(noise.SEVERITIES))
+    try:
+        for name in names:
+            noise.get(name)
+        if not isinstance(severities, list) or not severities:
+            raise ValueError(f"severities must be a non-empty list, got {severities!r}")
+        for severity in severities:
+            noise.registry.check_severity(severity)
+    except ValueError as error:
+        raise ValueError(f"plan: corruptions: {error}") from None
+    preset, baseline = raw.get("preset"), raw.get("baseline")
+    if preset is not None and preset not in noise.PRESETS:
+        raise ValueError(f"plan: corruptions.preset must be one of {list(noise.PRESETS)}, got {preset!r}")
+    if baseline is not None:
+        if baseline not in BASELINES:
+            raise ValueError(f"plan: corruptions.baseline must be one of {sorted(BASELINES)}, got {baseline!r}")
+        if missing := [name for name in names if name not in BASELINES[baseline]]:
+            raise ValueError(f"plan: corruptions: the {baseline} baseline has no errors for {missing}")
+        if sorted(severities) != list(noise.SEVERITIES):
+            raise ValueError(f"plan: corruptions: the {baseline} baseline needs all severities 1-5")
+    return CorruptionRun(tuple(names), tuple(severities), preset, baseline)
+
+
+def _sequence_run(raw) -> SequenceRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'sequences' must be a table, got {raw!r}")
+    if unknown := sorted(set(raw) - SEQUENCE_KEYS):
+        raise ValueError(f"plan: sequences: unknown key(s) {unknown}; allowed keys are {sorted(SEQUENCE_KEYS)}")
+    names = raw.get("names", "all")
+    names = noise.sequences.names() if names == "all" else names
+    if not isinstance(names, list) or not names:
+        raise ValueError(f"plan: sequences.names must be 'all' or a non-empty list, got {names!r}")
+    run = SequenceRun(tuple(names), **{k: raw[k] for k in ("difficulty", "length", "preset", "batch_size") if k in raw})
+    try:
+        for name in run.names:
+            noise.sequences.default_length(name, "cifar")  # validates the name
+        noise.sequences.check_difficulty(run.difficulty)
+        if run.length is not None:
+            noise.sequences.check_length(run.length)
+        if run.preset is not None:
+            check_choice(run.preset, noise.PRESETS, "preset")
+    except ValueError as error:
+        raise ValueError(f"plan: sequences: {error}") from None
+    _positive_int(run.batch_size, "sequences.batch_size")
+    return run
+
+
 def plan_from_dict(raw: dict) -> Plan:
     """A :class:`Plan` from parsed TOML/JSON, validating every field."""
     if not isinstance(raw, dict):
@@ -114,8 +220,10 @@ def plan_from_dict(raw: dict) -> Plan:
     if not isinstance(entries, list):
         raise ValueError(f"plan: 'attacks' must be a list of tables, got {type(entries).__name__}")
     runs = tuple(_attack_run(i, entry) for i, entry in enumerate(entries))
+    corruptions = _corruption_run(raw["corruptions"]) if "corruptions" in raw else None
+    sequences = _sequence_run(raw["sequences"]) if "sequences" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed") if key in raw}
-    return Plan(runs=runs, **settings)
+    return Plan(runs=runs, corruptions=corruptions, sequences=sequences, **settings)
 
 
 def builtin_plans() -> list[str]:

@@ -10,6 +10,7 @@ attack that fails is recorded as failed with its error and the plan goes on.
 from __future__ import annotations
 
 import datetime
+import functools
 import platform
 from collections.abc import Callable, Iterator
 
@@ -19,14 +20,15 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import robustjax
+from robustjax import metrics, noise
 from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
-from robustjax.evaluation.plan import AttackRun, Plan
+from robustjax.evaluation.plan import BASELINES, AttackRun, CorruptionRun, Plan, SequenceRun
 from robustjax.evaluation.timing import timed
 from robustjax.zoo.registry import count_params
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 NORMS = ("linf", "l2", "l1", "l0")
 
 
@@ -59,6 +61,11 @@ class DataParallel:
 @jax.jit
 def _predict(classifier: Classifier, x: jax.Array) -> jax.Array:
     return jnp.argmax(classifier(x), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _predict_corrupted(name: str, severity: int, preset: str, classifier: Classifier, x, key) -> jax.Array:
+    return jnp.argmax(classifier(noise.corruption_fn(name, severity, preset)(x, key)), axis=-1)
 
 
 def _mean_or_none(values: np.ndarray) -> float | None:
@@ -133,6 +140,103 @@ def attack_sections(
     return sections
 
 
+def corruption_section(
+    run: CorruptionRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
+    clean_accuracy: float, on_progress: Callable[[dict], None],
+) -> dict:
+    """Accuracy under every corruption and severity, and the corruption errors (mCE and
+    relative mCE when the run names a baseline). ``on_progress`` receives the section after
+    each corruption; a corruption that fails is recorded and the others still run."""
+    preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
+    section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
+    seed_key = jax.random.key(plan.seed)
+    with timed() as timing:
+        for index, name in enumerate(run.names):
+            try:
+                accuracies = []
+                for severity in run.severities:
+                    key = jax.random.fold_in(jax.random.fold_in(seed_key, index), severity)
+                    correct = [
+                        (np.asarray(_predict_corrupted(name, severity, preset, classifier, x,
+                                                       jax.random.fold_in(key, batch))) == np.asarray(y))[mask]
+                        for batch, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples))
+                    ]
+                    accuracies.append(float(np.concatenate(correct).mean()))
+            except Exception as error:  # recorded in the report; the other corruptions still run
+                section["failed"].append({"name": name, "error": f"{type(error).__name__}: {error}"})
+            else:
+                family = noise.get(name).family
+                section["results"].extend({"name": name, "family": family, "severity": severity,
+                                           "accuracy": accuracy, "error": 1.0 - accuracy}
+                                          for severity, accuracy in zip(run.severities, accuracies))
+            on_progress(section)
+    section.update(corruption_summary(section["results"], run, 1.0 - clean_accuracy))
+    section["timing"] = timing.as_dict(len(section["results"]) * num_evaluated(dataset, plan))
+    section["status"] = "ok" if not section["failed"] else "incomplete"
+    return section
+
+
+def corruption_summary(results: list[dict], run: CorruptionRun, clean_error: float) -> dict:
+    """Per-corruption mean error (and CE, relative CE against the baseline), their means
+    over all corruptions and per family."""
+    names = list(dict.fromkeys(r["name"] for r in results))
+    errors = np.array([[r["error"] for r in results if r["name"] == name] for name in names]).reshape(len(names), -1)
+    per_corruption = [{"name": name, "family": noise.get(name).family,
+                       "mean_error": float(e)} for name, e in zip(names, metrics.mean_corruption_error(errors))]
+    summary = {"per_corruption": per_corruption, "mce": None, "relative_mce": None,
+               "mean_error": float(np.mean([c["mean_error"] for c in per_corruption])) if names else None,
+               "mean_error_by_family": {
+                   family: float(np.mean([c["mean_error"] for c in per_corruption if c["family"] == family]))
+                   for family in dict.fromkeys(c["family"] for c in per_corruption)}}
+    if run.baseline is not None and names:
+        baseline = np.array([BASELINES[run.baseline][name] for name in names])
+        ce = metrics.corruption_error(errors, baseline)
+        relative = metrics.relative_corruption_error(errors, clean_error, baseline, metrics.ALEXNET_CLEAN_ERROR)
+        for entry, c, r in zip(per_corruption, ce, relative):
+            entry.update(ce=float(c), relative_ce=float(r))
+        summary.update(mce=float(np.mean(ce)), relative_mce=float(np.mean(relative)))
+    return summary
+
+
+def sequence_section(
+    run: SequenceRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, on_progress: Callable[[dict], None],
+) -> dict:
+    """Flip probability and top-5 distance per perturbation (Hendrycks & Dietterich 2019,
+    ImageNet-P), averaged over sequences; ``on_progress`` receives the section after each one."""
+    parallel = DataParallel(run.batch_size)
+    classifier = parallel.replicate(classifier)
+    preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
+    section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
+    seed_key = jax.random.key(plan.seed)
+    with timed() as timing:
+        for index, name in enumerate(run.names):
+            try:
+                flips, top5 = [], []
+                for batch, (x, _, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
+                    key = jax.random.fold_in(jax.random.fold_in(seed_key, index), batch)
+                    out = noise.evaluate_sequences(classifier, x, name, key, length=run.length,
+                                                   difficulty=run.difficulty, preset=preset)
+                    flips.append(np.asarray(out["flip_rate_per_sequence"])[mask])
+                    top5.append(np.asarray(out["top5_distance_per_sequence"])[mask])
+            except Exception as error:  # recorded in the report; the other perturbations still run
+                section["failed"].append({"name": name, "error": f"{type(error).__name__}: {error}"})
+            else:
+                section["results"].append({"name": name, "family": noise.sequences.FAMILY[name],
+                                           "flip_probability": float(np.concatenate(flips).mean()),
+                                           "top5_distance": float(np.concatenate(top5).mean())})
+            on_progress(section)
+    results = section["results"]
+    section["mean_flip_probability"] = float(np.mean([r["flip_probability"] for r in results])) if results else None
+    section["mean_top5_distance"] = float(np.mean([r["top5_distance"] for r in results])) if results else None
+    section["timing"] = timing.as_dict(len(results) * num_evaluated(dataset, plan))
+    section["status"] = "ok" if not section["failed"] else "incomplete"
+    return section
+
+
+def num_evaluated(dataset: ImageDataset, plan: Plan) -> int:
+    return dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
+
+
 def environment() -> dict:
     devices = jax.local_devices()
     return {
@@ -166,7 +270,7 @@ def evaluate(
         )
     parallel = DataParallel(plan.batch_size)
     classifier = parallel.replicate(classifier)
-    num_examples = dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
+    num_examples = num_evaluated(dataset, plan)
     report = {
         "schema_version": SCHEMA_VERSION,
         "status": "running",
@@ -182,6 +286,8 @@ def evaluate(
         "environment": environment(),
         "clean": None,
         "attacks": [],
+        "corruptions": None,
+        "sequences": None,
     }
     report["clean"], clean_correct = clean_section(classifier, dataset, plan, parallel)
     on_update(report)
@@ -193,7 +299,22 @@ def evaluate(
                          "error": f"{type(error).__name__}: {error}"} for params in run.entries()]
         report["attacks"].extend(sections)
         on_update(report)
+
+    def publish(part: str) -> Callable[[dict], None]:
+        """Stores a (partial) section in the report and passes the report on."""
+        def update(section: dict) -> None:
+            report[part] = section
+            on_update(report)
+
+        return update
+
+    if plan.corruptions is not None:
+        publish("corruptions")(corruption_section(plan.corruptions, classifier, dataset, plan, parallel,
+                                                  report["clean"]["accuracy"], publish("corruptions")))
+    if plan.sequences is not None:
+        publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences")))
     failed = any(section["status"] != "ok" for section in report["attacks"])
+    failed |= any(report[part] is not None and report[part]["status"] != "ok" for part in ("corruptions", "sequences"))
     report["status"] = "incomplete" if failed else "complete"
     on_update(report)
     return report

@@ -49,4 +49,21 @@ def summary_table(report: dict) -> Table:
             _number(norms["linf_mean"]), _number(norms["l2_mean"]), f"{section['queries_mean']:.1f}",
             f"{timing['wall_s']:.1f} ({timing['compile_s']:.1f})",
         )
+    corruptions = report.get("corruptions")
+    if corruptions is not None:
+        for entry in corruptions.get("per_corruption", []):
+            table.add_row(f"{entry['name']} (mean of severities)", _percent(1 - entry["mean_error"]),
+                          "", "", "", "1", "")
+        for failure in corruptions["failed"]:
+            table.add_row(failure["name"], "failed", failure["error"], "", "", "", "")
+        if corruptions.get("mce") is not None:
+            table.add_row(f"mCE {_percent(corruptions['mce'])}, relative mCE {_percent(corruptions['relative_mce'])}",
+                          "", "", "", "", "", "")
+    sequences = report.get("sequences")
+    if sequences is not None:
+        for entry in sequences["results"]:
+            table.add_row(f"{entry['name']} sequence: flip probability", _percent(entry["flip_probability"]),
+                          "", "", "", "1", "")
+        for failure in sequences["failed"]:
+            table.add_row(f"{failure['name']} sequence", "failed", failure["error"], "", "", "", "")
     return table
