@@ -143,3 +143,28 @@ def test_sequence_report(digits_clf):
     assert section["results"][0]["flip_probability"] == pytest.approx(float(direct["flip_probability"]))
     assert section["mean_flip_probability"] == pytest.approx(
         np.mean([r["flip_probability"] for r in section["results"]]))
+
+
+def test_system_noise_tables_are_validated():
+    run = plan_from_dict({"system_noise": {"decoders": ["pil"], "resizes": ["pil-box", "opencv-area"]}}).system_noise
+    assert [v.name for v in run.variants()] == ["pil+pil-box", "pil+opencv-area"] and run.quality == 95
+    for table, message in [({"decoders": ["libjpeg"]}, "unknown decoder 'libjpeg'"),
+                           ({"resizes": ["pil-spline"]}, "unknown resize mode 'pil-spline'"),
+                           ({"resizes": []}, "non-empty list"),
+                           ({"quality": 0}, "quality must be an integer from 1 to 100"),
+                           ({"interpolation": "x"}, r"unknown key\(s\) \['interpolation'\]")]:
+        with pytest.raises(ValueError, match=message):
+            plan_from_dict({"system_noise": table})
+
+
+def test_system_noise_report(digits_clf):
+    plan = plan_from_dict({"num_examples": 30, "batch_size": 16, "system_noise": {
+        "decoders": ["pil", "opencv"], "resizes": ["pil-nearest", "pil-bicubic", "opencv-area"]}})
+    report = evaluate(digits_clf, rj.data.digits("test"), plan)
+    jsonschema.validate(report, schema())
+    section = report["system_noise"]
+    assert report["status"] == "complete" and len(section["results"]) == 6
+    accuracies = [r["accuracy"] for r in section["results"]]
+    assert section["mean_accuracy"] == pytest.approx(np.mean(accuracies))
+    assert section["negative_std"] == pytest.approx(-np.std(accuracies))
+    assert all(0.5 < a <= 1.0 for a in accuracies)  # the digits CNN still sees digits

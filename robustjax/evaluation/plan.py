@@ -23,6 +23,11 @@ A plan file is TOML or JSON::
     difficulty = 1            # noise strength (noise) or comparison step (others): 1, 2 or 3
     batch_size = 16           # images per batch; each brings its whole sequence of frames
 
+    [system_noise]            # optional: accuracy under decoder x resize variants (RobustART)
+    decoders = ["pil", "opencv", "ffmpeg"]   # default: every installed decoder
+    resizes = ["pil-bilinear", "opencv-area"]  # default: all 11 resize modes
+    quality = 95              # JPEG quality the evaluated images are encoded with
+
 Every attack config is built (and so validated) when the plan is read, before anything
 runs, so a malformed plan fails at once with a message naming the bad entry.
 """
@@ -40,9 +45,10 @@ from robustjax.attacks.base import Attack
 from robustjax.checks import check_choice
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 
-PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences"}
+PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences", "system_noise"}
 CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
 SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
+SYSTEM_NOISE_KEYS = {"decoders", "resizes", "quality"}
 # Named sets of corruptions: the 15 of the ImageNet-C benchmark, or all 19.
 CORRUPTION_SETS = {"imagenet-c": ("noise", "blur", "weather", "digital"), "all": noise.FAMILIES}
 BASELINES = {"alexnet": ALEXNET_IMAGENET_C_ERRORS}
@@ -94,12 +100,28 @@ class SequenceRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class SystemNoiseRun:
+    """Decoder x resize variants (``noise.system``); images are JPEG-encoded at ``quality``."""
+
+    decoders: tuple[str, ...]
+    resizes: tuple[str, ...]
+    quality: int = 95
+
+    def variants(self) -> list:
+        return noise.system.variants(self.decoders, self.resizes)
+
+    def as_dict(self) -> dict:
+        return {"decoders": list(self.decoders), "resizes": list(self.resizes), "quality": self.quality}
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A validated evaluation plan."""
 
     runs: tuple[AttackRun, ...]
     corruptions: CorruptionRun | None = None
     sequences: SequenceRun | None = None
+    system_noise: SystemNoiseRun | None = None
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
@@ -118,6 +140,7 @@ class Plan:
             "attacks": [{"name": run.attack.name, **params} for run in self.runs for params in run.entries()],
             "corruptions": None if self.corruptions is None else self.corruptions.as_dict(),
             "sequences": None if self.sequences is None else self.sequences.as_dict(),
+            "system_noise": None if self.system_noise is None else self.system_noise.as_dict(),
         }
 
 
@@ -210,6 +233,26 @@ def _sequence_run(raw) -> SequenceRun:
     return run
 
 
+def _system_noise_run(raw) -> SystemNoiseRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'system_noise' must be a table, got {raw!r}")
+    if unknown := sorted(set(raw) - SYSTEM_NOISE_KEYS):
+        raise ValueError(f"plan: system_noise: unknown key(s) {unknown}; allowed keys are {sorted(SYSTEM_NOISE_KEYS)}")
+    decoders = raw.get("decoders", list(noise.system.available_decoders()))
+    resizes = raw.get("resizes", list(noise.system.RESIZE_MODES))
+    for key, value in (("decoders", decoders), ("resizes", resizes)):
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"plan: system_noise.{key} must be a non-empty list, got {value!r}")
+    run = SystemNoiseRun(tuple(decoders), tuple(resizes), raw.get("quality", 95))
+    try:
+        run.variants()
+    except ValueError as error:
+        raise ValueError(f"plan: system_noise: {error}") from None
+    if isinstance(run.quality, bool) or not isinstance(run.quality, int) or not 1 <= run.quality <= 100:
+        raise ValueError(f"plan: system_noise.quality must be an integer from 1 to 100, got {run.quality!r}")
+    return run
+
+
 def plan_from_dict(raw: dict) -> Plan:
     """A :class:`Plan` from parsed TOML/JSON, validating every field."""
     if not isinstance(raw, dict):
@@ -222,8 +265,9 @@ def plan_from_dict(raw: dict) -> Plan:
     runs = tuple(_attack_run(i, entry) for i, entry in enumerate(entries))
     corruptions = _corruption_run(raw["corruptions"]) if "corruptions" in raw else None
     sequences = _sequence_run(raw["sequences"]) if "sequences" in raw else None
+    system_noise = _system_noise_run(raw["system_noise"]) if "system_noise" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed") if key in raw}
-    return Plan(runs=runs, corruptions=corruptions, sequences=sequences, **settings)
+    return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, **settings)
 
 
 def builtin_plans() -> list[str]:

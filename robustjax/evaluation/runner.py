@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import io
 import platform
 from collections.abc import Callable, Iterator
 
@@ -24,7 +25,7 @@ from robustjax import metrics, noise
 from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
-from robustjax.evaluation.plan import BASELINES, AttackRun, CorruptionRun, Plan, SequenceRun
+from robustjax.evaluation.plan import BASELINES, AttackRun, CorruptionRun, Plan, SequenceRun, SystemNoiseRun
 from robustjax.evaluation.timing import timed
 from robustjax.zoo.registry import count_params
 
@@ -233,6 +234,34 @@ def sequence_section(
     return section
 
 
+def system_noise_section(run: SystemNoiseRun, classifier: Classifier, dataset: ImageDataset, plan: Plan) -> dict:
+    """Accuracy under every decoder x resize variant (RobustART's ImageNet-S) and its mean,
+    standard deviation and negative standard deviation. The evaluated images are encoded
+    as JPEG at ``run.quality``, then each variant decodes, resizes and centre-crops them back
+    to the model's input size."""
+    x, y = dataset.arrays(limit=plan.num_examples)
+    encoded = [_jpeg_bytes(image, run.quality) for image in x]
+    section = {"status": "running", **run.as_dict()}
+    with timed() as timing:
+        result = noise.system.evaluate_system_noise(classifier, encoded, y, run.variants(), batch_size=plan.batch_size,
+                                                    crop=dataset.image_shape[0])
+    variants = {variant.name: variant for variant in run.variants()}
+    section["results"] = [{"decoder": variants[name].decoder, "resize": variants[name].resize, "accuracy": accuracy}
+                          for name, accuracy in result.accuracy.items()]
+    section.update(mean_accuracy=result.mean, std_accuracy=result.std, negative_std=result.negative_std,
+                   timing=timing.as_dict(len(variants) * len(y)), status="ok")
+    return section
+
+
+def _jpeg_bytes(image: np.ndarray, quality: int) -> bytes:
+    from PIL import Image
+
+    pixels = np.round(image * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
 def num_evaluated(dataset: ImageDataset, plan: Plan) -> int:
     return dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
 
@@ -288,6 +317,7 @@ def evaluate(
         "attacks": [],
         "corruptions": None,
         "sequences": None,
+        "system_noise": None,
     }
     report["clean"], clean_correct = clean_section(classifier, dataset, plan, parallel)
     on_update(report)
@@ -313,8 +343,15 @@ def evaluate(
                                                   report["clean"]["accuracy"], publish("corruptions")))
     if plan.sequences is not None:
         publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences")))
+    if plan.system_noise is not None:
+        try:
+            publish("system_noise")(system_noise_section(plan.system_noise, classifier, dataset, plan))
+        except Exception as error:  # recorded in the report, like a failed attack
+            publish("system_noise")({"status": "failed", **plan.system_noise.as_dict(),
+                                     "error": f"{type(error).__name__}: {error}"})
     failed = any(section["status"] != "ok" for section in report["attacks"])
-    failed |= any(report[part] is not None and report[part]["status"] != "ok" for part in ("corruptions", "sequences"))
+    failed |= any(report[part] is not None and report[part]["status"] != "ok"
+                  for part in ("corruptions", "sequences", "system_noise"))
     report["status"] = "incomplete" if failed else "complete"
     on_update(report)
     return report

@@ -182,6 +182,13 @@ def _check_sizes(resize_to: int, crop: int) -> None:
         raise ValueError(f"crop ({crop}) must not exceed resize_to ({resize_to})")
 
 
+def to_grey(image: np.ndarray) -> np.ndarray:
+    """uint8 RGB (H, W, 3) to uint8 grey (H, W, 1) with the ITU-R 601 luma weights, as Pillow's
+    ``convert("L")``, for classifiers of grey images (decoders all produce RGB)."""
+    luma = image.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    return np.round(luma).astype(np.uint8)[..., None]
+
+
 def _resize_and_crop(image: np.ndarray, mode: str, resize_to: int, crop: int) -> np.ndarray:
     return center_crop(resize(image, mode, resize_to), crop)
 
@@ -269,9 +276,9 @@ def evaluate_system_noise(
     crop = classifier.input_shape[0] if crop is None else crop
     resize_to = default_resize(crop) if resize_to is None else resize_to
     _check_sizes(resize_to, crop)
-    if tuple(classifier.input_shape) != (crop, crop, 3):
-        raise ValueError(f"the pipeline makes RGB images ({crop}, {crop}, 3), the classifier expects "
-                         f"{tuple(classifier.input_shape)}")
+    if tuple(classifier.input_shape) not in ((crop, crop, 3), (crop, crop, 1)):
+        raise ValueError(f"the pipeline makes images of ({crop}, {crop}, 3) (or grey: 1), the classifier "
+                         f"expects {tuple(classifier.input_shape)}")
     if isinstance(encoded_images, (bytes, bytearray)) or len(encoded_images) == 0:
         raise ValueError("encoded_images must be a non-empty sequence of encoded images (bytes)")
     labels = np.asarray(labels)
@@ -299,6 +306,8 @@ def evaluate_system_noise(
                 for mode in modes:
                     resized = functools.partial(_resize_and_crop, mode=mode, resize_to=resize_to, crop=crop)
                     images = list(pool.map(resized, decoded))
+                    if classifier.input_shape[-1] == 1:
+                        images = [to_grey(image) for image in images]
                     predictions = np.asarray(_predict(classifier, _padded(images, batch_size)))[:len(indices)]
                     correct[SystemNoiseVariant(decoder, mode).name] += int(np.sum(predictions == y))
     return summarize({name: count / len(encoded_images) for name, count in correct.items()})

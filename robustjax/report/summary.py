@@ -66,4 +66,11 @@ def summary_table(report: dict) -> Table:
                           "", "", "", "1", "")
         for failure in sequences["failed"]:
             table.add_row(f"{failure['name']} sequence", "failed", failure["error"], "", "", "", "")
+    system = report.get("system_noise")
+    if system is not None and system["status"] == "failed":
+        table.add_row("system noise", "failed", system["error"], "", "", "", "")
+    elif system is not None:
+        table.add_row(f"system noise: mean of {len(system['results'])} decoder x resize variants "
+                      f"(std {_percent(system['std_accuracy'])})", _percent(system["mean_accuracy"]), "", "", "", "1",
+                      f"{system['timing']['wall_s']:.1f} ({system['timing']['compile_s']:.1f})")
     return table
