@@ -46,6 +46,15 @@ def check_compatible(expected: dict, given: dict, source: str) -> None:
         raise ValueError(f"{source} does not fit the model: " + "; ".join(problems))
 
 
+def _keys_like(expected, stored):
+    """``stored`` with its keys typed as in ``expected``: orbax writes the integer keys of
+    list layers (``nnx.List``) as strings."""
+    if not isinstance(expected, dict) or not isinstance(stored, dict):
+        return stored
+    typed = {str(key): key for key in expected}
+    return {typed.get(str(k), k): _keys_like(expected.get(typed.get(str(k), k)), v) for k, v in stored.items()}
+
+
 def load_weights(path: str | Path, state: nnx.State) -> nnx.State:
     """``state`` with its arrays replaced by those stored at ``path``."""
     path = Path(path).resolve()
@@ -54,6 +63,7 @@ def load_weights(path: str | Path, state: nnx.State) -> nnx.State:
     with ocp.StandardCheckpointer() as checkpointer:
         stored = checkpointer.restore(path)
     expected = nnx.to_pure_dict(state)
+    stored = _keys_like(expected, stored)
     check_compatible(expected, stored, str(path))
     stored = jax.tree.map(lambda e, s: np.asarray(s, dtype=np.asarray(e).dtype), expected, stored)
     nnx.replace_by_pure_dict(state, stored)
