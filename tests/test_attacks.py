@@ -20,6 +20,15 @@ CONFIGS = {
     "deepfool": dict(steps=10),
     "apgd": dict(eps=0.1, steps=5),
     "fab": dict(eps=0.1, steps=5, num_target_classes=2),
+    "square": dict(eps=0.1, max_queries=20),
+    "spsa": dict(eps=0.1, samples=2, learning_rate=0.1, max_queries=60),
+    "nes": dict(eps=0.1, samples=2, max_queries=60),
+    "simba": dict(max_queries=20),
+    "hop_skip_jump": dict(max_queries=200, max_iter=2, init_eval=20, max_eval=40),
+    "boundary": dict(max_queries=200, sample_size=5),
+    "sign_opt": dict(max_queries=200, k=10),
+    "rays": dict(max_queries=100),
+    "autoattack": dict(eps=0.1, steps=3, target_classes=2, square_queries=20),
 }
 NORM_OF = {"fgsm": "linf"}
 
@@ -31,6 +40,8 @@ def test_every_registered_attack_has_a_contract_config():
 def _attack_variants():
     for name, config in CONFIGS.items():
         yield name, config
+        if name in ("square", "nes"):
+            yield name, {**config, "norm": "l2", "eps": 0.5}
         if name in ("pgd", "mifgsm", "apgd", "fab"):
             yield name, {**config, "norm": "l2", "eps": 0.5}
             yield name, {**config, "norm": "l1", "eps": 2.0}

@@ -1,0 +1,132 @@
+"""AutoAttack (Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble
+of diverse parameter-free attacks", ICML 2020): a fixed ensemble run in order, each attack
+on the examples that are still robust, keeping each example's first adversarial point.
+
+Versions, with the settings of the authors' ``autoattack.py``:
+
+- ``standard``: APGD-CE (100 steps), APGD-T (targeted DLR, the 9 highest-scoring wrong
+  classes, 100 steps each), FAB-T (9 targets), Square (5,000 queries); for L1: APGD-CE and
+  APGD-T.
+- ``plus``: APGD-CE and APGD-DLR with 5 restarts each, FAB (untargeted, 5 restarts),
+  Square (5,000 queries), APGD-T and FAB-T.
+
+The authors' ``rand`` version averages gradients over the randomness of a stochastic
+model (EOT); a :class:`~robustjax.Classifier` is deterministic, so it is not offered.
+
+The ensemble runs as one compiled program with static shapes: every component runs on the
+whole batch and an example's result comes from the first component that fooled it. So the
+outcome is the original's, with compute spent on examples that earlier components already
+broke; ``queries`` charges each example only for the components that ran while it was
+still robust, as the original's sequential run would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from robustjax.attacks.apgd import APGD
+from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
+from robustjax.attacks.fab import FAB
+from robustjax.attacks.square import Square
+from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int
+from robustjax.losses import attack_margin
+
+VERSIONS = ("standard", "plus")
+NORMS = ("linf", "l2", "l1")
+
+
+@register_attack("autoattack")
+@dataclasses.dataclass(frozen=True)
+class AutoAttack(Attack):
+    """AutoAttack's ``standard`` or ``plus`` ensemble in the ``norm`` ball of radius ``eps``.
+
+    ``steps``, ``target_classes`` and ``square_queries`` are the published budgets (100
+    iterations of APGD and FAB, 9 target classes, 5,000 Square queries); smaller ones give a
+    cheaper, weaker evaluation.
+    """
+
+    eps: float = 8 / 255
+    norm: str = "linf"
+    version: str = "standard"
+    steps: int = 100
+    target_classes: int = 9
+    square_queries: int = 5000
+
+    supports_targeted = False
+
+    def __post_init__(self):
+        check_nonnegative_float(self.eps, "eps")
+        check_choice(self.norm, NORMS, "norm")
+        check_choice(self.version, VERSIONS, "version")
+        check_positive_int(self.steps, "steps")
+        check_positive_int(self.target_classes, "target_classes")
+        check_positive_int(self.square_queries, "square_queries")
+
+    def components(self, num_classes: int) -> tuple[tuple[Attack, int, int], ...]:
+        """``(attack, restarts, targets)`` in order; ``targets`` > 0 runs the attack against
+        each of that many highest-scoring wrong classes."""
+        targets = min(self.target_classes, num_classes - 1)
+        common = dict(eps=self.eps, norm=self.norm, steps=self.steps)
+        apgd = APGD(**common)
+        apgd_t = APGD(**common, loss="dlr") if num_classes >= 4 else None  # targeted DLR needs 4 classes
+        fab_t = FAB(**common, num_target_classes=targets)
+        square = Square(eps=self.eps, norm=self.norm, max_queries=self.square_queries) if self.norm != "l1" else None
+        if self.version == "standard":
+            parts = [(apgd, 1, 0), (apgd_t, 1, targets)]
+            if self.norm != "l1":
+                parts += [(fab_t, 1, 0), (square, 1, 0)]
+        else:
+            apgd_dlr = APGD(**common, loss="dlr") if num_classes >= 3 else None
+            fab = FAB(**common, num_target_classes=None, random_start=True)
+            parts = [(apgd, 5, 0), (apgd_dlr, 5, 0), (fab, 5, 0), (square, 1, 0), (apgd_t, 1, targets), (fab_t, 1, 0)]
+        return tuple(part for part in parts if part[0] is not None)
+
+    def run(self, classifier, x, y, key, target) -> AttackResult:
+        logits = classifier(x)
+        robust = attack_margin(logits, y, None) >= 0
+        x_adv, queries = x, jnp.ones_like(y)  # the clean check
+        # Wrong classes by decreasing logit at x: APGD-T's targets.
+        ranked = jnp.argsort(jnp.where(jax.nn.one_hot(y, logits.shape[-1], dtype=bool), -jnp.inf, logits), axis=-1)
+        for index, (attack, restarts, targets) in enumerate(self.components(classifier.num_classes)):
+            part_key = jax.random.fold_in(key, index)
+            if targets:
+                result = _over_targets(attack, restarts, targets, classifier, x, y, ranked, part_key)
+            else:
+                result = _with_restarts(attack, restarts, classifier, x, y, None, part_key)
+            newly = robust & result.success
+            x_adv = jnp.where(newly.reshape(-1, 1, 1, 1), result.x_adv, x_adv)
+            queries = queries + jnp.where(robust, result.queries, 0)
+            robust = robust & ~result.success
+        return finalize(classifier, x_adv, y, None, queries)
+
+
+def _with_restarts(attack: Attack, restarts: int, classifier, x, y, target, key) -> AttackResult:
+    """Restarts run in order (vmapped); an example keeps its first successful restart and is
+    charged for the restarts up to it."""
+    runs = jax.vmap(lambda k: attack.run(classifier, x, y, k, target))(jax.random.split(key, restarts))
+    return _first_success(runs)
+
+
+def _over_targets(attack: Attack, restarts: int, targets: int, classifier, x, y, ranked, key) -> AttackResult:
+    """The attack against the k-th highest-scoring wrong class, k = 1..targets, in order."""
+    def one(k, k_key):
+        target = jnp.take(ranked, ranked.shape[-1] - 1 - k, axis=-1)
+        result = _with_restarts(attack, restarts, classifier, x, y, target, k_key)
+        untargeted = attack_margin(classifier(result.x_adv), y, None) < 0  # fooled, whatever the class
+        return result._replace(success=untargeted)
+
+    return _first_success(jax.vmap(one)(jnp.arange(targets), jax.random.split(key, targets)))
+
+
+def _first_success(runs: AttackResult) -> AttackResult:
+    """Collapses a leading axis of runs done in order: the first successful run's point (the
+    last run's when none succeeded), and the queries of the runs up to it."""
+    n = runs.success.shape[0]
+    first = jnp.where(jnp.any(runs.success, axis=0), jnp.argmax(runs.success, axis=0), n - 1)
+    pick = lambda values: jnp.take_along_axis(  # noqa: E731
+        values, first.reshape((1, -1) + (1,) * (values.ndim - 2)), axis=0)[0]
+    spent = jnp.sum(jnp.where(jnp.arange(n)[:, None] <= first[None], runs.queries, 0), axis=0)
+    return AttackResult(x_adv=pick(runs.x_adv), success=pick(runs.success), queries=spent, margin=pick(runs.margin))

@@ -1,0 +1,182 @@
+"""RobustART's adversarial robustness and perturbation-stability summaries (Tang et al.,
+"RobustART: Benchmarking Robustness on Architecture Design and Training Techniques",
+arXiv 2109.05211; code DIG-Beihang/RobustART, ``metrics/AR_evaluator.py`` and
+``WCAR_evaluator.py``).
+
+- AR = |{x : f(x) = y and f(x_adv) = y}| / |{x : f(x) = y}|: accuracy under attack among the
+  clean-correct samples (not plain robust accuracy; RobustART prints it in percent, here it is
+  a fraction);
+- WCAR: the same with f(x_adv_a) = y required for every attack a of a list (worst case per
+  sample);
+- mFR and mT5D (Hendrycks & Dietterich, ICLR 2019): the mean over ImageNet-P perturbations p
+  of FR_p = FP_p / FP_p^baseline and of T5D_p / T5D_p^baseline, the baseline being AlexNet.
+  Without a baseline they are plain means, which is what RobustART's code computes. FP_p and
+  T5D_p per perturbation come from :mod:`robustjax.noise.flip`.
+
+AlexNet's ImageNet-P flip probabilities and top-5 distances are not bundled: the benchmark's
+authors distribute them only in a spreadsheet linked from hendrycks/robustness issue #49, not
+in code (ImageNet-P/test.py evaluates a model, AlexNet included, without stored constants).
+Pass them as ``baseline`` once measured, e.g. with the zoo's AlexNet on ImageNet-P.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from robustjax.checks import check_positive_int
+from robustjax.metrics.calibration import check_flags
+
+DIRECTION: dict[str, str] = {
+    "adversarial_robustness": "higher",
+    "worst_case_adversarial_robustness": "higher",
+    "mean_flip_rate": "lower",
+    "mean_top5_distance": "lower",
+}
+"""Which way each metric is more robust."""
+
+
+def _check_correctness(clean_correct, adversarial_correct) -> None:
+    check_flags(clean_correct, "clean_correct")
+    if clean_correct.ndim != 1:
+        raise ValueError(f"clean_correct must have shape (B,), got {tuple(clean_correct.shape)}")
+    check_flags(adversarial_correct, "adversarial_correct")
+    if adversarial_correct.ndim not in (1, 2) or adversarial_correct.shape[-1] != clean_correct.shape[0]:
+        raise ValueError(
+            f"adversarial_correct must have shape (B,) or (attacks, B) with B = {clean_correct.shape[0]}, "
+            f"got {tuple(adversarial_correct.shape)}"
+        )
+
+
+def _check_some_clean_correct(clean_count) -> None:
+    if not isinstance(clean_count, jax.core.Tracer) and int(np.asarray(clean_count)) == 0:
+        raise ValueError("no sample is classified correctly without attack: AR is undefined (0 / 0)")
+
+
+def _by_attack(adversarial_correct: jax.Array) -> jax.Array:
+    """Correctness under attack as (attacks, B)."""
+    return adversarial_correct.reshape(-1, adversarial_correct.shape[-1]).astype(bool)
+
+
+@jax.jit
+def _counts(clean_correct, adversarial_correct):
+    """Clean-correct count, per-attack robust count, worst-case robust count."""
+    clean = clean_correct.astype(bool)
+    robust = clean & _by_attack(adversarial_correct)
+    return jnp.sum(clean, dtype=jnp.int32), jnp.sum(robust, axis=1, dtype=jnp.int32), jnp.sum(
+        jnp.all(robust, axis=0), dtype=jnp.int32
+    )
+
+
+def adversarial_robustness(
+    clean_correct: Bool[Array, " b"], adversarial_correct: Bool[Array, "*attacks b"]
+) -> Float[Array, "*attacks"]:
+    """AR: among samples correct without attack, the fraction still correct under attack.
+
+    ``adversarial_correct`` may hold several attacks (attacks, B); AR is then per attack.
+    Raises when no sample is clean-correct (AR undefined; NaN when traced).
+    """
+    _check_correctness(clean_correct, adversarial_correct)
+    clean, robust, _ = _counts(clean_correct, adversarial_correct)
+    _check_some_clean_correct(clean)
+    return (robust / clean).reshape(adversarial_correct.shape[:-1])
+
+
+def worst_case_adversarial_robustness(
+    clean_correct: Bool[Array, " b"], adversarial_correct: Bool[Array, "attacks b"]
+) -> Float[Array, ""]:
+    """WCAR: among clean-correct samples, the fraction correct under every attack of the list."""
+    _check_correctness(clean_correct, adversarial_correct)
+    clean, _, worst = _counts(clean_correct, adversarial_correct)
+    _check_some_clean_correct(clean)
+    return worst / clean
+
+
+class AdversarialRobustnessStats(NamedTuple):
+    """Streaming clean accuracy, AR per attack and WCAR: integer counts that add up across
+    batches (``merge``) and devices (``psum`` of the leaves)."""
+
+    samples: jax.Array
+    clean_correct: jax.Array
+    robust_correct: jax.Array
+    worst_case_correct: jax.Array
+
+    @classmethod
+    def empty(cls, num_attacks: int = 1) -> AdversarialRobustnessStats:
+        check_positive_int(num_attacks, "num_attacks")
+        zero = jnp.zeros((), jnp.int32)
+        return cls(zero, zero, jnp.zeros((num_attacks,), jnp.int32), zero)
+
+    def update(
+        self, clean_correct: Bool[Array, " b"], adversarial_correct: Bool[Array, "*attacks b"]
+    ) -> AdversarialRobustnessStats:
+        """Adds a batch; ``adversarial_correct`` is (B,) for one attack or (attacks, B)."""
+        _check_correctness(clean_correct, adversarial_correct)
+        attacks = int(np.prod(adversarial_correct.shape[:-1]))
+        if attacks != self.robust_correct.shape[0]:
+            raise ValueError(f"expected {self.robust_correct.shape[0]} attack(s), got {attacks}")
+        clean, robust, worst = _counts(clean_correct, adversarial_correct)
+        return self.merge(AdversarialRobustnessStats(jnp.int32(clean_correct.shape[0]), clean, robust, worst))
+
+    def merge(self, other: AdversarialRobustnessStats) -> AdversarialRobustnessStats:
+        if self.robust_correct.shape != other.robust_correct.shape:
+            raise ValueError(
+                f"cannot merge stats of {self.robust_correct.shape[0]} and {other.robust_correct.shape[0]} attacks"
+            )
+        return jax.tree.map(jnp.add, self, other)
+
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"clean_accuracy", "adversarial_robustness" (per attack), "worst_case_adversarial_robustness"}``."""
+        if not isinstance(self.samples, jax.core.Tracer) and int(np.asarray(self.samples)) == 0:
+            raise ValueError("AdversarialRobustnessStats holds no samples; update it first")
+        _check_some_clean_correct(self.clean_correct)
+        return {
+            "clean_accuracy": self.clean_correct / self.samples,
+            "adversarial_robustness": self.robust_correct / self.clean_correct,
+            "worst_case_adversarial_robustness": self.worst_case_correct / self.clean_correct,
+        }
+
+
+def normalized_mean(values: Float[Array, " p"], baseline: Float[Array, " p"] | None = None) -> Float[Array, ""]:
+    """``mean_p values[p] / baseline[p]``, or ``mean_p values[p]`` without a baseline."""
+    values = jnp.asarray(values, jnp.float32)
+    return jnp.mean(values if baseline is None else values / jnp.asarray(baseline, jnp.float32))
+
+
+def _summary(per_perturbation: Mapping[str, ArrayLike], baseline: Mapping[str, float] | None, what: str):
+    if not isinstance(per_perturbation, Mapping) or not per_perturbation:
+        raise ValueError(f"{what} must be a non-empty mapping perturbation name -> value, got {per_perturbation!r}")
+    names = sorted(per_perturbation)
+    values = jnp.stack([jnp.asarray(per_perturbation[n], jnp.float32).reshape(()) for n in names])
+    concrete = None if isinstance(values, jax.core.Tracer) else np.asarray(values)
+    if concrete is not None and not (np.isfinite(concrete).all() and (concrete >= 0).all()):
+        raise ValueError(f"{what} must be finite and >= 0, got {dict(zip(names, concrete.tolist()))}")
+    if baseline is None:
+        return normalized_mean(values)
+    if missing := [n for n in names if n not in baseline]:
+        raise ValueError(f"baseline has no value for {missing}; it covers {sorted(baseline)}")
+    reference = np.asarray([baseline[n] for n in names], np.float64)
+    if not (np.isfinite(reference).all() and (reference > 0).all()):
+        raise ValueError(f"baseline values must be finite and > 0, got {dict(zip(names, reference.tolist()))}")
+    return normalized_mean(values, reference)
+
+
+def mean_flip_rate(
+    flip_probabilities: Mapping[str, ArrayLike], baseline: Mapping[str, float] | None = None
+) -> Float[Array, ""]:
+    """mFR: the mean over perturbations of ``FP_p / baseline[p]`` (AlexNet's FP in the paper),
+    or of ``FP_p`` when ``baseline`` is None (RobustART's code). Lower is more stable."""
+    return _summary(flip_probabilities, baseline, "flip_probabilities")
+
+
+def mean_top5_distance(
+    top5_distances: Mapping[str, ArrayLike], baseline: Mapping[str, float] | None = None
+) -> Float[Array, ""]:
+    """mT5D: the mean over perturbations of ``T5D_p / baseline[p]``, or of ``T5D_p`` without a
+    baseline. Lower is more stable."""
+    return _summary(top5_distances, baseline, "top5_distances")
