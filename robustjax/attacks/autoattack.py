@@ -106,7 +106,8 @@ class AutoAttack(Attack):
 def _with_restarts(attack: Attack, restarts: int, classifier, x, y, target, key) -> AttackResult:
     """Restarts run in order (vmapped); an example keeps its first successful restart and is
     charged for the restarts up to it."""
-    runs = jax.vmap(lambda k: attack.run(classifier, x, y, k, target))(jax.random.split(key, restarts))
+    keys = key[None] if restarts == 1 else jax.random.split(key, restarts)  # one run: the attack's own key
+    runs = jax.vmap(lambda k: attack.run(classifier, x, y, k, target))(keys)
     return _first_success(runs)
 
 

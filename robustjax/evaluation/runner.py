@@ -136,6 +136,7 @@ def attack_sections(
                 "l2_median": float(np.median(norms["l2"])) if norms["l2"].size else None,
             },
             "queries_mean": float(columns["queries"][i].mean()),
+            "queries_median": float(np.median(columns["queries"][i])),
             "timing": timing_fields,
         })
     return sections

@@ -1,0 +1,72 @@
+"""AutoAttack's ensemble logic and transfer attacks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import robustjax as rj
+from robustjax.attacks.autoattack import _first_success
+from robustjax.attacks.base import AttackResult
+
+SMALL = dict(eps=0.1, steps=5, target_classes=2, square_queries=30)
+
+
+def test_first_success_keeps_the_first_successful_run_and_charges_runs_up_to_it():
+    success = jnp.array([[False, True, False], [True, True, False], [False, False, False]])  # (runs, batch)
+    x_adv = jnp.arange(3)[:, None, None, None, None] * jnp.ones((3, 3, 1, 1, 1))  # run index as pixel
+    runs = AttackResult(x_adv=x_adv, success=success, queries=jnp.full((3, 3), 10), margin=jnp.where(success, -1.0, 1.0))
+    first = _first_success(runs)
+    np.testing.assert_array_equal(first.x_adv[:, 0, 0, 0], [1, 0, 2])  # none succeeded: the last run
+    np.testing.assert_array_equal(first.success, [True, True, False])
+    np.testing.assert_array_equal(first.queries, [20, 10, 30])
+
+
+def test_components_follow_the_published_versions():
+    names = lambda attack: [(type(a).__name__, getattr(a, "loss", None), r, t)  # noqa: E731
+                            for a, r, t in attack.components(10)]
+    assert names(rj.attacks.AutoAttack()) == [
+        ("APGD", "ce", 1, 0), ("APGD", "dlr", 1, 9), ("FAB", None, 1, 0), ("Square", None, 1, 0)]
+    assert rj.attacks.AutoAttack().components(10)[2][0].num_target_classes == 9
+    assert [a[0].loss for a in rj.attacks.AutoAttack(norm="l1", eps=5.0).components(10)] == ["ce", "dlr"]
+    plus = names(rj.attacks.AutoAttack(version="plus"))
+    assert [(n, r) for n, _, r, _ in plus] == [("APGD", 5), ("APGD", 5), ("FAB", 5), ("Square", 1), ("APGD", 1),
+                                               ("FAB", 1)]
+    with pytest.raises(ValueError, match="version must be one of"):
+        rj.attacks.AutoAttack(version="rand")
+
+
+def test_ensemble_is_at_least_as_strong_as_its_first_attack(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    ensemble = rj.attacks.AutoAttack(**SMALL)(digits_clf, x, y, key=key)
+    first = rj.attacks.APGD(eps=0.1, steps=5)(digits_clf, x, y, key=jax.random.fold_in(key, 0))
+    assert bool(jnp.all(ensemble.success >= first.success))
+    np.testing.assert_array_equal(ensemble.success, np.argmax(digits_clf(ensemble.x_adv), -1) != y)
+    # An example the first attack fooled is charged the ensemble's clean check, that attack's
+    # queries (its own final check included) and the ensemble's final check.
+    fooled_first = np.asarray(first.success & (np.argmax(digits_clf(x), -1) == y))
+    assert fooled_first.any()
+    np.testing.assert_array_equal(np.asarray(ensemble.queries)[fooled_first], np.asarray(first.queries)[fooled_first] + 2)
+    assert float(jnp.abs(ensemble.x_adv - x).max()) <= 0.1 + 1e-6
+
+
+def test_misclassified_examples_are_not_attacked(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    wrong = (np.argmax(digits_clf(x), -1) + 1) % 10
+    result = rj.attacks.AutoAttack(**SMALL)(digits_clf, x, wrong.astype(np.int32), key=key)
+    assert bool(result.success.all()) and bool((result.queries == 2).all())
+    np.testing.assert_array_equal(result.x_adv, x)
+
+
+def test_transfer_crafts_on_the_surrogate_and_scores_on_the_target(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    attack = rj.attacks.PGD(eps=0.2, steps=10)
+    same = rj.attacks.transfer(attack, digits_clf, digits_clf, x, y, key=key)
+    np.testing.assert_array_equal(same.success, np.argmax(digits_clf(same.x_adv), -1) != y)
+    other = digits_clf.replace(params=jax.tree.map(lambda p: p * 1.01, digits_clf.params), name="perturbed")
+    moved = rj.attacks.transfer(attack, digits_clf, other, x, y, key=key)
+    np.testing.assert_array_equal(moved.x_adv, same.x_adv)
+    np.testing.assert_array_equal(moved.success, np.argmax(other(moved.x_adv), -1) != y)
+    with pytest.raises(ValueError, match="same inputs and classes"):
+        rj.attacks.transfer(attack, digits_clf, rj.zoo.create("digits_cnn", pretrained=False, num_classes=5), x, y,
+                            key=key)
