@@ -26,3 +26,14 @@ def digits_batch() -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture
 def key() -> jax.Array:
     return jax.random.key(0)
+
+
+@pytest.fixture(autouse=True)
+def seeded_torch():
+    """PyTorch models in the tests are initialised from torch's global generator: seed it per
+    test, so that a test's twin does not depend on which tests ran before it."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.manual_seed(0)
