@@ -5,13 +5,11 @@ errors for state dicts that do not fit."""
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 import robustjax as rj
 from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo import mixer, swin, vit  # noqa: F401  (registers the models)
 from robustjax.zoo.convert import TorchWeights, from_torch
-from robustjax.zoo.weights import check_compatible
 from tests.helpers import count_compiles
 
 torch = pytest.importorskip("torch")
@@ -68,18 +66,6 @@ def abstract(name: str, **kwargs) -> rj.Classifier:
     return build_abstract(rj.zoo.get_entry(name).build, **kwargs)
 
 
-def with_weights(clf: rj.Classifier, state_dict: dict, convert) -> rj.Classifier:
-    """``clf`` with parameters converted from ``state_dict``: the steps of ``from_torch`` for a
-    classifier built with size overrides."""
-    weights = TorchWeights(state_dict)
-    converted = convert(weights)
-    weights.check_all_used()
-    check_compatible(nnx.to_pure_dict(clf.params), converted, "state dict")
-    state = jax.tree.map(lambda leaf: leaf, clf.params)  # a copy: leave ``clf`` as it was
-    nnx.replace_by_pure_dict(state, jax.tree.map(jax.numpy.asarray, converted))
-    return clf.replace(params=state)
-
-
 forward = jax.jit(lambda clf, x: clf(x))
 features = jax.jit(lambda clf, x: clf.features(x))
 
@@ -111,8 +97,7 @@ def images_for(size: int, batch: int = 2) -> np.ndarray:
 def test_logits_and_activations_match_timm(case):
     name, torch_class, config, layers = CASES[case]
     model = randomised(torch_class(num_classes=10, **config))
-    convert = rj.zoo.get_entry(name).convert
-    clf = with_weights(abstract(name, num_classes=10, **config), numpy_state(model), convert)
+    clf = from_torch(name, numpy_state(model), num_classes=10, **config)
     images = images_for(config["img_size"])
 
     logits, captured = torch_forward(model, clf, images, layers)
@@ -136,8 +121,7 @@ def test_vit_representation_layer_matches_a_pre_logits_model():
     state = {(k.replace("head.", "pre_logits.fc.") if k.startswith("head.") else k): v
              for k, v in numpy_state(body).items()}
     state.update({f"head.{k}": v for k, v in numpy_state(head).items()})
-    clf = abstract("vit_base_patch16_224", num_classes=10, representation_size=20, **config)
-    clf = with_weights(clf, state, vit.convert_vit)
+    clf = from_torch("vit_base_patch16_224", state, num_classes=10, representation_size=20, **config)
     images = images_for(config["img_size"])
     normalised = (images - 0.5) / 0.5
     with torch.no_grad():
@@ -220,25 +204,25 @@ def test_unknown_argument_is_rejected():
 def small_vit():
     config = CASES["vit"][2]
     model = randomised(VisionTransformer(num_classes=10, **config))
-    return abstract("vit_base_patch16_224", num_classes=10, **config), numpy_state(model)
+    return config, numpy_state(model)
 
 
 def test_missing_and_unexpected_tensors_are_named(small_vit):
-    clf, state = small_vit
+    config, state = small_vit
     state = dict(state)
     del state["blocks.1.attn.qkv.bias"]
     state["blocks.0.attn.gate.weight"] = np.zeros((3,), np.float32)
     names = "missing blocks.1.attn.qkv.bias.*unexpected blocks.0.attn.gate.weight"
     with pytest.raises(ValueError, match=names):
-        with_weights(clf, state, vit.convert_vit)
+        from_torch("vit_base_patch16_224", state, num_classes=10, **config)
 
 
 def test_wrongly_shaped_tensor_is_named(small_vit):
-    clf, state = small_vit
+    config, state = small_vit
     state = dict(state, **{"blocks.0.mlp.fc1.weight": np.zeros((100, 48), np.float32)})
     message = r"blocks.0.mlp.fc1.kernel has shape \(48, 100\), expected \(48, 192\)"
     with pytest.raises(ValueError, match=message):
-        with_weights(clf, state, vit.convert_vit)
+        from_torch("vit_base_patch16_224", state, num_classes=10, **config)
 
 
 def test_a_missing_block_is_named_through_from_torch():
