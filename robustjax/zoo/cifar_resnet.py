@@ -19,36 +19,18 @@ from flax import nnx
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
 from robustjax.zoo.registry import register_model
+from robustjax.zoo.resnet import BasicBlock, convert_block
 from robustjax.zoo.resnet_layers import (
-    ConvBN,
     batch_norm,
     conv,
     count_blocks,
     global_average_pool,
-    has_module,
 )
 
 INPUT_SHAPE = (32, 32, 3)
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2023, 0.1994, 0.2010)
 WIDTHS = (16, 32, 64)
-
-
-class BasicBlock(nnx.Module):
-    """``relu(bn2(conv2(relu(bn1(conv1(x))))) + downsample(x))``."""
-
-    def __init__(self, in_features: int, out_features: int, stride: int, *, rngs: nnx.Rngs):
-        self.conv1 = conv(in_features, out_features, 3, stride=stride, rngs=rngs)
-        self.bn1 = batch_norm(out_features, rngs)
-        self.conv2 = conv(out_features, out_features, 3, rngs=rngs)
-        self.bn2 = batch_norm(out_features, rngs)
-        changes_shape = stride != 1 or in_features != out_features
-        self.downsample = ConvBN(in_features, out_features, stride=stride, rngs=rngs) if changes_shape else None
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        out = nnx.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return nnx.relu(out + (x if self.downsample is None else self.downsample(x)))
 
 
 class CifarResNet(nnx.Module):
@@ -78,19 +60,10 @@ class CifarResNet(nnx.Module):
 
 def convert_cifar_resnet(weights: TorchWeights) -> dict:
     """A chenyaofo ``CifarResNet`` state dict in :class:`CifarResNet`'s layout."""
-
-    def block(prefix: str) -> dict:
-        out = {name: weights.conv(f"{prefix}.{name}") for name in ("conv1", "conv2")}
-        out |= {name: weights.batch_norm(f"{prefix}.{name}") for name in ("bn1", "bn2")}
-        if has_module(weights, f"{prefix}.downsample"):
-            out["downsample"] = {"conv": weights.conv(f"{prefix}.downsample.0"),
-                                 "bn": weights.batch_norm(f"{prefix}.downsample.1")}
-        return out
-
     out = {"conv1": weights.conv("conv1"), "bn1": weights.batch_norm("bn1"), "fc": weights.linear("fc")}
     for stage in range(1, 4):
         prefix = f"layer{stage}"
-        out[prefix] = {index: block(f"{prefix}.{index}")
+        out[prefix] = {index: convert_block(weights, f"{prefix}.{index}", bottleneck=False)
                        for index in range(count_blocks(weights, prefix, "conv1.weight"))}
     return out
 

@@ -111,7 +111,9 @@ class ResNet(nnx.Module):
         return self.fc(global_average_pool(x))
 
 
-def _convert_block(weights: TorchWeights, prefix: str, bottleneck: bool) -> dict:
+def convert_block(weights: TorchWeights, prefix: str, bottleneck: bool) -> dict:
+    """One torchvision-layout block (``conv1``/``bn1``..., ``downsample.0/1``) in :class:`BasicBlock`'s
+    or :class:`Bottleneck`'s layout."""
     names = ("conv1", "conv2", "conv3") if bottleneck else ("conv1", "conv2")
     out = {}
     for index, name in enumerate(names, start=1):
@@ -130,7 +132,7 @@ def convert_resnet(weights: TorchWeights) -> dict:
     out = {"conv1": weights.conv("conv1"), "bn1": weights.batch_norm("bn1"), "fc": weights.linear("fc")}
     for stage in range(1, 5):
         prefix = f"layer{stage}"
-        out[prefix] = {index: _convert_block(weights, f"{prefix}.{index}", bottleneck)
+        out[prefix] = {index: convert_block(weights, f"{prefix}.{index}", bottleneck)
                        for index in range(count_blocks(weights, prefix, "conv1.weight"))}
     return out
 
