@@ -11,7 +11,7 @@ from tests.helpers import count_compiles
 
 def test_registry_lists_the_default_model():
     assert "digits_cnn" in rj.zoo.list_models()
-    assert rj.zoo.list_models("digits*") == ["digits_cnn"]
+    assert rj.zoo.list_models("digits*") == ["digits_cnn", "digits_mlp"]
     assert rj.zoo.list_models("resnet1*") == ["resnet101", "resnet152", "resnet18", "resnet18_cifar"]
     assert rj.zoo.list_models("alexnet*") == []
 

@@ -3,6 +3,7 @@
 from robustjax.zoo import cifar_resnet as _cifar_resnet  # noqa: F401  (each module registers its models)
 from robustjax.zoo import densenet as _densenet  # noqa: F401
 from robustjax.zoo import digits_cnn as _digits_cnn  # noqa: F401
+from robustjax.zoo import digits_mlp as _digits_mlp  # noqa: F401
 from robustjax.zoo import efficientnet as _efficientnet  # noqa: F401
 from robustjax.zoo import mixer as _mixer  # noqa: F401
 from robustjax.zoo import mobilenet_v2 as _mobilenet_v2  # noqa: F401

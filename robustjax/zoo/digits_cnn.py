@@ -56,18 +56,25 @@ class DigitsCNN(nnx.Module):
         return self.head(x)
 
 
-@register_model(NAME, family="digits_cnn", weights="trained here: models/digits_cnn/train.py")
+def digits_classifier(
+    name: str, module: nnx.Module, *, num_classes: int, pretrained: bool
+) -> Classifier:
+    """Wraps a freshly built digits ``module`` as classifier ``name``; with ``pretrained`` it
+    first loads the weights bundled in ``models/<name>``."""
+    if pretrained:
+        if num_classes != 10:
+            raise ValueError(f"pretrained {name} has 10 classes, got num_classes={num_classes}")
+        nnx.update(module, load_weights(asset_dir(name) / "weights", nnx.state(module)))
+    return Classifier.from_nnx(
+        module, num_classes=num_classes, input_shape=INPUT_SHAPE, mean=MEAN, std=STD, name=name
+    )
+
+
+@register_model(NAME, family="digits_cnn", weights=f"trained here: models/train_digits.py {NAME}")
 def digits_cnn(*, key: jax.Array, pretrained: bool = True, num_classes: int = 10) -> Classifier:
     """Small CNN trained on the embedded 8x8 digits (the default model)."""
     module = DigitsCNN(num_classes, rngs=nnx.Rngs(params=key))
-    if pretrained:
-        if num_classes != 10:
-            raise ValueError(f"pretrained {NAME} has 10 classes, got num_classes={num_classes}")
-        state = load_weights(asset_dir(NAME) / "weights", nnx.state(module))
-        nnx.update(module, state)
-    return Classifier.from_nnx(
-        module, num_classes=num_classes, input_shape=INPUT_SHAPE, mean=MEAN, std=STD, name=NAME
-    )
+    return digits_classifier(NAME, module, num_classes=num_classes, pretrained=pretrained)
 
 
 def card() -> dict:
