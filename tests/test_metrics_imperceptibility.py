@@ -65,12 +65,13 @@ def test_ssim_of_constant_images_is_closed_form():
     np.testing.assert_allclose(im.structural_similarity(x, y), [(2 * a * b + c1) / (a * a + b * b + c1)], rtol=1e-5)
 
 
-@pytest.mark.parametrize("shape", [(3, 16, 18, 3), (2, 11, 23, 1)])
-def test_ssim_matches_skimage(shape):
+@pytest.mark.parametrize(("shape", "window"), [((3, 16, 18, 3), 11), ((2, 11, 23, 1), 11), ((3, 8, 8, 1), 7),
+                                              ((2, 5, 9, 3), 3)])
+def test_ssim_matches_skimage(shape, window):
     x, x_adv = _pair(1, shape)
-    ours = im.structural_similarity(x, x_adv)
+    ours = im.structural_similarity(x, x_adv, window=window)
     ref = [
-        skimage_ssim(np.float64(a), np.float64(b), gaussian_weights=True, sigma=1.5,
+        skimage_ssim(np.float64(a), np.float64(b), gaussian_weights=True, sigma=1.5, win_size=window,
                      use_sample_covariance=False, data_range=1.0, channel_axis=-1)
         for a, b in zip(x, x_adv)
     ]

@@ -136,8 +136,8 @@ def _filter_valid(planes: jax.Array, taps: np.ndarray) -> jax.Array:
     return out[..., 0]
 
 
-@functools.partial(jax.jit, static_argnames="toolkit_compat")
-def _ssim(x, x_adv, toolkit_compat):
+@functools.partial(jax.jit, static_argnames=("window", "toolkit_compat"))
+def _ssim(x, x_adv, window, toolkit_compat):
     if toolkit_compat:
         taps = _taps(TOOLKIT_SSIM_WINDOW // 2, None)
         x, x_adv = jnp.round(255 * x), jnp.round(255 * x_adv)
@@ -147,6 +147,8 @@ def _ssim(x, x_adv, toolkit_compat):
     b, h, w, c = x.shape
     planes = lambda v: jnp.moveaxis(v, -1, 1).reshape(b * c, h, w)
     a, d = planes(x), planes(x_adv)
+    if (pad := len(taps) // 2 - window // 2) > 0:  # a window smaller than the filter: mirror the border
+        a, d = (jnp.pad(v, ((0, 0), (pad, pad), (pad, pad)), mode="symmetric") for v in (a, d))
     # Second moments of planes centred on their global means: (co)variances do not change,
     # and float32 cancellation in E[a^2] - E[a]^2 shrinks (flat regions give exactly 0).
     a0, d0 = a - jnp.mean(a, axis=(1, 2), keepdims=True), d - jnp.mean(d, axis=(1, 2), keepdims=True)
@@ -164,7 +166,11 @@ def _ssim(x, x_adv, toolkit_compat):
 
 
 def structural_similarity(
-    x: Float[Array, "b h w c"], x_adv: Float[Array, "b h w c"], *, toolkit_compat: bool = False
+    x: Float[Array, "b h w c"],
+    x_adv: Float[Array, "b h w c"],
+    *,
+    window: int = 2 * SSIM_RADIUS + 1,
+    toolkit_compat: bool = False,
 ) -> Float[Array, " b"]:
     """Per-example SSIM (Wang, Bovik, Sheikh & Simoncelli, IEEE TIP 2004).
 
@@ -175,11 +181,20 @@ def structural_similarity(
     ``skimage.metrics.structural_similarity(..., gaussian_weights=True, sigma=1.5,
     use_sample_covariance=False, data_range=1, channel_axis=-1)``.
 
+    For images smaller than 11 x 11, a smaller odd ``window`` averages over the positions
+    at least (window - 1) / 2 pixels from the border, the local statistics still from the
+    11-tap Gaussian with mirrored borders: skimage's ``win_size=window``.
+
     ``toolkit_compat=True`` (AISafety): 8-bit values 0..255, a 7 x 7 uniform window, sample
-    covariance and data range 2, which makes C1 and C2 negligible.
+    covariance and data range 2, which makes C1 and C2 negligible (``window`` is ignored).
     """
-    _check_pair(x, x_adv, min_size=TOOLKIT_SSIM_WINDOW if toolkit_compat else 2 * SSIM_RADIUS + 1)
-    return _ssim(x, x_adv, toolkit_compat)
+    if toolkit_compat:
+        window = TOOLKIT_SSIM_WINDOW
+    checks.check_positive_int(window, "window")
+    if window % 2 == 0 or window > 2 * SSIM_RADIUS + 1:
+        raise ValueError(f"window must be odd and at most {2 * SSIM_RADIUS + 1}, got {window}")
+    _check_pair(x, x_adv, min_size=window)
+    return _ssim(x, x_adv, int(window), toolkit_compat)
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "toolkit_compat"))
@@ -243,9 +258,10 @@ class AverageStructuralSimilarity(Ratio):
 
     empty_reason = _NO_SUCCESS
 
-    def update(self, x, x_adv, success, *, toolkit_compat: bool = False) -> AverageStructuralSimilarity:
+    def update(self, x, x_adv, success, *, window: int = 2 * SSIM_RADIUS + 1, toolkit_compat: bool = False):
         _check_pair(x, x_adv, success)
-        return self._add(_masked_sums(structural_similarity(x, x_adv, toolkit_compat=toolkit_compat), success))
+        ssim = structural_similarity(x, x_adv, window=window, toolkit_compat=toolkit_compat)
+        return self._add(_masked_sums(ssim, success))
 
 
 class PerturbationSensitivityDistance(Ratio):
@@ -276,11 +292,14 @@ def average_structural_similarity(
     x_adv: Float[Array, "b h w c"],
     success: Bool[Array, " b"],
     *,
+    window: int = 2 * SSIM_RADIUS + 1,
     toolkit_compat: bool = False,
 ) -> Float[Array, ""]:
     """ASS = (1/|S|) sum_{i in S} SSIM(x'_i, x_i) (see :func:`structural_similarity`);
     lower means the model forced more visible perturbations."""
-    return AverageStructuralSimilarity.empty().update(x, x_adv, success, toolkit_compat=toolkit_compat).compute()
+    return AverageStructuralSimilarity.empty().update(
+        x, x_adv, success, window=window, toolkit_compat=toolkit_compat
+    ).compute()
 
 
 def average_perturbation_sensitivity_distance(
