@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import abc
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from robustjax.attacks import threat
