@@ -20,7 +20,7 @@ from rich.console import Console
 from robustjax import data, zoo
 from robustjax.classifier import Classifier
 from robustjax.evaluation import default_plan, evaluate, load_plan
-from robustjax.report import summary_table, write_report
+from robustjax.report import metrics_table, summary_table, write_report
 
 DEFAULT_MODEL = "digits_cnn"
 DEFAULT_OUT = "robustjax-report"
@@ -44,17 +44,35 @@ def load_model(spec: str, weights: str | None = None) -> Classifier:
     return classifier
 
 
+def _metric_inputs(plan, args: argparse.Namespace) -> tuple[data.ImageDataset | None, Classifier | None]:
+    """The metrics section's profiling set (the plan's split of the evaluated dataset) and
+    reference model; a dataset without that split profiles nothing (reported as skipped)."""
+    if plan.metrics is None:
+        return None, None
+    reference = None if plan.metrics.reference is None else load_model(plan.metrics.reference)
+    try:
+        profile = data.load(args.dataset, plan.metrics.profile_split, image_size=args.image_size, data_dir=args.data_dir)
+    except ValueError:
+        profile = None
+    return profile, reference
+
+
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     classifier = load_model(args.model, args.weights)
     dataset = data.load(args.dataset, args.split, image_size=args.image_size, data_dir=args.data_dir)
     plan = load_plan(args.plan) if args.plan else default_plan(dataset.name)
     if args.num_examples is not None:
         plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    profile, reference = _metric_inputs(plan, args)
     out = Path(args.out) / "report.json"
     console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
-                  f"clean accuracy and {sum(len(run.entries()) for run in plan.runs)} attack run(s); report in {out}")
-    report = evaluate(classifier, dataset, plan, on_update=lambda r: write_report(out, r))
+                  f"clean accuracy and {sum(len(run.entries()) for run in plan.runs)} attack run(s)"
+                  f"{'' if plan.metrics is None else ', the 23 metrics'}; report in {out}")
+    report = evaluate(classifier, dataset, plan, profile=profile, reference=reference,
+                      on_update=lambda r: write_report(out, r))
     console.print(summary_table(report))
+    if (table := metrics_table(report)) is not None:
+        console.print(table)
     console.print(f"report written to {out}")
     return 0 if report["status"] == "complete" else 1
 

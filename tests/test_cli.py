@@ -23,6 +23,7 @@ def test_evaluate_writes_a_valid_report(tmp_path, capsys):
     jsonschema.validate(report, schema())
     assert report["model"]["name"] == "digits_cnn" and report["dataset"]["num_examples"] == 40
     assert "pgd linf eps=0.2" in out and "clean" in out
+    assert "model: structure" in out and "EBD-2" in out  # the metrics table, grouped
 
 
 def test_model_from_a_python_function(tmp_path, capsys):
@@ -71,3 +72,6 @@ def test_default_evaluation_as_in_the_quick_start(tmp_path):
     assert clean >= 0.95
     strongest = max((a for a in report["attacks"] if a["name"] == "pgd"), key=lambda a: a["params"]["eps"])
     assert strongest["robust_accuracy"] < clean - 0.5
+    metrics = report["metrics"]["results"]
+    assert {m["index"] for m in metrics} - {None} == set(range(1, 24))
+    assert all(m["status"] == "ok" for m in metrics)

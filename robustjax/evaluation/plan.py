@@ -28,6 +28,15 @@ A plan file is TOML or JSON::
     resizes = ["pil-bilinear", "opencv-area"]  # default: all 11 resize modes
     quality = 95              # JPEG quality the evaluated images are encoded with
 
+    [metrics]                 # optional: the 23 metrics of the comprehensive evaluation framework
+    attack = { name = "pgd", eps = 0.1, steps = 10 }  # white-box attack their examples come from
+    reference = "digits_mlp"  # a second model: transfer source (AAB), mCE baseline, and the
+                              # "original" of the defence-comparison metrics
+    profile_split = "train"   # the split neuron bounds are profiled on
+    # also: layers, conv_neuron, kmnc_sections, tknc_k, tknp_k, tknp_capacity, ebd_directions,
+    # ebd2_step, ebd2_max_steps, rgb_sigma, ric_quality, corruptions, severities, preset,
+    # mce_baseline ("reference" or "alexnet"), toolkit_compat (see MetricsRun)
+
 Every attack config is built (and so validated) when the plan is read, before anything
 runs, so a malformed plan fails at once with a message naming the bad entry.
 """
@@ -45,7 +54,7 @@ from robustjax.attacks.base import Attack
 from robustjax.checks import check_choice
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 
-PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences", "system_noise"}
+PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences", "system_noise", "metrics"}
 CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
 SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
 SYSTEM_NOISE_KEYS = {"decoders", "resizes", "quality"}
@@ -115,6 +124,47 @@ class SystemNoiseRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class MetricsRun:
+    """Settings of the 23 metrics (``evaluation.metric_suite``); defaults are the AISafety
+    toolkit's (arXiv 2101.09617), except where noted.
+
+    ``attack``: the white-box attack whose adversarial examples feed the data metrics and
+    AAW, ACAC, ACTC, NTE, RGB, RIC, ENI, neuron sensitivity and uncertainty; run on
+    ``reference`` and transferred, it gives AAB. ``reference``: a model name (zoo) or
+    ``package.module:function``; also the mCE baseline and the original model of CAV, CRR,
+    CSR, CCV and COS. ``layers``: the layers whose neurons count (None: every layer the
+    classifier exposes but its logits). ``ebd_directions``: None takes min(1000, pixels).
+    ``corruptions`` for mCE: a name set of ``CORRUPTION_SETS`` or a list.
+    """
+
+    attack: Attack
+    reference: str | None = None
+    profile_split: str = "train"
+    layers: tuple[str, ...] | None = None
+    conv_neuron: str = "channel"
+    kmnc_sections: int = 20
+    tknc_k: int = 3
+    tknp_k: int = 2
+    tknp_capacity: int = 16384
+    ebd_directions: int | None = None
+    ebd2_step: float = 0.0005
+    ebd2_max_steps: int = 1000
+    rgb_sigma: float = 2.0
+    ric_quality: int = 55
+    corruptions: tuple[str, ...] = ()
+    severities: tuple[int, ...] = noise.SEVERITIES
+    preset: str | None = None
+    mce_baseline: str = "reference"
+    toolkit_compat: bool = False
+
+    def as_dict(self) -> dict:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "attack"}
+        return {"attack": {"name": self.attack.name, **self.attack.params()}, **fields,
+                "layers": None if self.layers is None else list(self.layers),
+                "corruptions": list(self.corruptions), "severities": list(self.severities)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A validated evaluation plan."""
 
@@ -122,6 +172,7 @@ class Plan:
     corruptions: CorruptionRun | None = None
     sequences: SequenceRun | None = None
     system_noise: SystemNoiseRun | None = None
+    metrics: MetricsRun | None = None
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
@@ -141,6 +192,7 @@ class Plan:
             "corruptions": None if self.corruptions is None else self.corruptions.as_dict(),
             "sequences": None if self.sequences is None else self.sequences.as_dict(),
             "system_noise": None if self.system_noise is None else self.system_noise.as_dict(),
+            "metrics": None if self.metrics is None else self.metrics.as_dict(),
         }
 
 
@@ -151,8 +203,7 @@ def _positive_int(value, where: str, *, allow_none: bool = False) -> None:
         raise ValueError(f"plan: {where} must be an integer >= 1, got {value!r}")
 
 
-def _attack_run(index: int, entry) -> AttackRun:
-    where = f"attacks[{index}]"
+def _attack_run(where: str, entry) -> AttackRun:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise ValueError(f"plan: {where} must be a table with a string 'name', got {entry!r}")
     params = {k: v for k, v in entry.items() if k not in ("name", "restarts")}
@@ -176,16 +227,13 @@ def _attack_run(index: int, entry) -> AttackRun:
     return AttackRun(attack=attack, eps=eps, restarts=restarts)
 
 
-def _corruption_run(raw) -> CorruptionRun:
-    if not isinstance(raw, dict):
-        raise ValueError(f"plan: 'corruptions' must be a table, got {raw!r}")
-    if unknown := sorted(set(raw) - CORRUPTION_KEYS):
-        raise ValueError(f"plan: corruptions: unknown key(s) {unknown}; allowed keys are {sorted(CORRUPTION_KEYS)}")
-    names = raw.get("names", "imagenet-c")
+def _corruption_settings(raw: dict, where: str, names_key: str) -> tuple[tuple[str, ...], tuple[int, ...], str | None]:
+    """Validated corruption names (a set name or a list), severities and preset."""
+    names = raw.get(names_key, "imagenet-c")
     if isinstance(names, str) and names in CORRUPTION_SETS:
         names = [name for family in CORRUPTION_SETS[names] for name in noise.names(family)]
     elif not isinstance(names, list) or not names:
-        raise ValueError(f"plan: corruptions.names must be {sorted(CORRUPTION_SETS)} or a non-empty list, got {names!r}")
+        raise ValueError(f"plan: {where}.{names_key} must be {sorted(CORRUPTION_SETS)} or a non-empty list, got {names!r}")
     severities = raw.get("severities", list(noise.SEVERITIES))
     try:
         for name in names:
@@ -195,18 +243,79 @@ def _corruption_run(raw) -> CorruptionRun:
         for severity in severities:
             noise.registry.check_severity(severity)
     except ValueError as error:
-        raise ValueError(f"plan: corruptions: {error}") from None
-    preset, baseline = raw.get("preset"), raw.get("baseline")
+        raise ValueError(f"plan: {where}: {error}") from None
+    preset = raw.get("preset")
     if preset is not None and preset not in noise.PRESETS:
-        raise ValueError(f"plan: corruptions.preset must be one of {list(noise.PRESETS)}, got {preset!r}")
+        raise ValueError(f"plan: {where}.preset must be one of {list(noise.PRESETS)}, got {preset!r}")
+    return tuple(names), tuple(severities), preset
+
+
+def _check_baseline(baseline: str, names, severities, where: str) -> None:
+    if baseline not in BASELINES:
+        raise ValueError(f"plan: {where} must be one of {sorted(BASELINES)}, got {baseline!r}")
+    if missing := [name for name in names if name not in BASELINES[baseline]]:
+        raise ValueError(f"plan: {where}: the {baseline} baseline has no errors for {missing}")
+    if sorted(severities) != list(noise.SEVERITIES):
+        raise ValueError(f"plan: {where}: the {baseline} baseline needs all severities 1-5")
+
+
+def _corruption_run(raw) -> CorruptionRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'corruptions' must be a table, got {raw!r}")
+    if unknown := sorted(set(raw) - CORRUPTION_KEYS):
+        raise ValueError(f"plan: corruptions: unknown key(s) {unknown}; allowed keys are {sorted(CORRUPTION_KEYS)}")
+    names, severities, preset = _corruption_settings(raw, "corruptions", "names")
+    baseline = raw.get("baseline")
     if baseline is not None:
-        if baseline not in BASELINES:
-            raise ValueError(f"plan: corruptions.baseline must be one of {sorted(BASELINES)}, got {baseline!r}")
-        if missing := [name for name in names if name not in BASELINES[baseline]]:
-            raise ValueError(f"plan: corruptions: the {baseline} baseline has no errors for {missing}")
-        if sorted(severities) != list(noise.SEVERITIES):
-            raise ValueError(f"plan: corruptions: the {baseline} baseline needs all severities 1-5")
-    return CorruptionRun(tuple(names), tuple(severities), preset, baseline)
+        _check_baseline(baseline, names, severities, "corruptions.baseline")
+    return CorruptionRun(names, severities, preset, baseline)
+
+
+def _metrics_run(raw) -> MetricsRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'metrics' must be a table, got {raw!r}")
+    allowed = {f.name for f in dataclasses.fields(MetricsRun)}
+    if unknown := sorted(set(raw) - allowed):
+        raise ValueError(f"plan: metrics: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}")
+    entry = raw.get("attack", {"name": "pgd", "norm": "linf", "eps": 8 / 255, "steps": 10})
+    if isinstance(entry, dict) and isinstance(entry.get("eps"), list):
+        raise ValueError("plan: metrics.attack takes one eps, not a list")
+    if not isinstance(entry, dict):
+        raise ValueError(f"plan: metrics.attack must be a table naming an attack, got {entry!r}")
+    attack = _attack_run("metrics.attack", entry).attack
+    names, severities, preset = _corruption_settings(raw, "metrics", "corruptions")
+    settings = {key: value for key, value in raw.items() if key not in ("attack", "corruptions", "severities", "preset")}
+    if isinstance(settings.get("layers"), list):
+        settings["layers"] = tuple(settings["layers"])
+    run = MetricsRun(attack=attack, corruptions=names, severities=severities, preset=preset, **settings)
+    _check_metrics_settings(run)
+    return run
+
+
+def _check_metrics_settings(run: MetricsRun) -> None:
+    for key in ("kmnc_sections", "tknc_k", "tknp_k", "tknp_capacity", "ebd2_max_steps"):
+        _positive_int(getattr(run, key), f"metrics.{key}")
+    _positive_int(run.ebd_directions, "metrics.ebd_directions", allow_none=True)
+    for key in ("ebd2_step", "rgb_sigma"):
+        value = getattr(run, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"plan: metrics.{key} must be a number > 0, got {value!r}")
+    if isinstance(run.ric_quality, bool) or not isinstance(run.ric_quality, int) or not 1 <= run.ric_quality <= 100:
+        raise ValueError(f"plan: metrics.ric_quality must be an integer from 1 to 100, got {run.ric_quality!r}")
+    for key, value in (("reference", run.reference), ("profile_split", run.profile_split)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"plan: metrics.{key} must be a string, got {value!r}")
+    if run.layers is not None and (not run.layers or not all(isinstance(name, str) for name in run.layers)):
+        raise ValueError(f"plan: metrics.layers must be a non-empty list of layer names, got {list(run.layers)!r}")
+    if not isinstance(run.toolkit_compat, bool):
+        raise ValueError(f"plan: metrics.toolkit_compat must be true or false, got {run.toolkit_compat!r}")
+    try:
+        check_choice(run.conv_neuron, ("channel", "unit"), "metrics.conv_neuron")
+        check_choice(run.mce_baseline, ("reference", *BASELINES), "metrics.mce_baseline")
+    except ValueError as error:
+        raise ValueError(f"plan: {error}") from None
+    if run.mce_baseline != "reference":
+        _check_baseline(run.mce_baseline, run.corruptions, run.severities, "metrics.mce_baseline")
 
 
 def _sequence_run(raw) -> SequenceRun:
@@ -262,12 +371,14 @@ def plan_from_dict(raw: dict) -> Plan:
     entries = raw.get("attacks", [])
     if not isinstance(entries, list):
         raise ValueError(f"plan: 'attacks' must be a list of tables, got {type(entries).__name__}")
-    runs = tuple(_attack_run(i, entry) for i, entry in enumerate(entries))
+    runs = tuple(_attack_run(f"attacks[{i}]", entry) for i, entry in enumerate(entries))
     corruptions = _corruption_run(raw["corruptions"]) if "corruptions" in raw else None
     sequences = _sequence_run(raw["sequences"]) if "sequences" in raw else None
     system_noise = _system_noise_run(raw["system_noise"]) if "system_noise" in raw else None
+    metrics = _metrics_run(raw["metrics"]) if "metrics" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed") if key in raw}
-    return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, **settings)
+    return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, metrics=metrics,
+                **settings)
 
 
 def builtin_plans() -> list[str]:

@@ -13,55 +13,25 @@ import datetime
 import functools
 import io
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import robustjax
 from robustjax import metrics, noise
 from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
+from robustjax.evaluation import metric_suite
+from robustjax.evaluation.parallel import DataParallel, predict
 from robustjax.evaluation.plan import BASELINES, AttackRun, CorruptionRun, Plan, SequenceRun, SystemNoiseRun
 from robustjax.evaluation.timing import timed
 from robustjax.zoo.registry import count_params
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 NORMS = ("linf", "l2", "l1", "l0")
-
-
-class DataParallel:
-    """Pads batches to a fixed size and shards them over a 1-D mesh of local devices."""
-
-    def __init__(self, batch_size: int):
-        devices = jax.local_devices()
-        self.mesh = jax.make_mesh((len(devices),), ("batch",), devices=devices, axis_types=(AxisType.Auto,))
-        # Round up so that every device gets the same number of examples.
-        self.batch_size = -(-batch_size // len(devices)) * len(devices)
-        self.sharded = NamedSharding(self.mesh, PartitionSpec("batch"))
-        self.replicated = NamedSharding(self.mesh, PartitionSpec())
-
-    def replicate(self, tree):
-        return jax.device_put(tree, self.replicated)
-
-    def batches(self, dataset: ImageDataset, limit: int | None) -> Iterator[tuple[jax.Array, jax.Array, np.ndarray]]:
-        """Yields sharded ``(x, y)`` and the host mask of real (not padding) examples."""
-        for x, y in dataset.batches(self.batch_size, limit=limit):
-            real = len(y)
-            pad = self.batch_size - real
-            if pad:
-                x = np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
-                y = np.concatenate([y, np.repeat(y[:1], pad, axis=0)])
-            mask = np.arange(self.batch_size) < real
-            yield jax.device_put(x, self.sharded), jax.device_put(y, self.sharded), mask
-
-
-@jax.jit
-def _predict(classifier: Classifier, x: jax.Array) -> jax.Array:
-    return jnp.argmax(classifier(x), axis=-1)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -78,7 +48,7 @@ def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, par
     correct = []
     with timed() as timing:
         for x, y, mask in parallel.batches(dataset, plan.num_examples):
-            correct.append((np.asarray(_predict(classifier, x)) == np.asarray(y))[mask])
+            correct.append((np.asarray(predict(classifier, x)) == np.asarray(y))[mask])
     correct = np.concatenate(correct)
     section = {
         "accuracy": float(correct.mean()),
@@ -285,9 +255,16 @@ def evaluate(
     dataset: ImageDataset,
     plan: Plan,
     *,
+    profile: ImageDataset | None = None,
+    reference: Classifier | None = None,
     on_update: Callable[[dict], None] = lambda report: None,
 ) -> dict:
-    """Runs ``plan`` and returns the report (schema: docs/report-schema.md)."""
+    """Runs ``plan`` and returns the report (schema: docs/report-schema.md).
+
+    The plan's metrics section profiles neuron bounds on ``profile`` (the training split)
+    and compares with ``reference`` (the model its ``metrics.reference`` names); metrics
+    that need either are reported as skipped without it.
+    """
     if tuple(dataset.image_shape) != tuple(classifier.input_shape):
         raise ValueError(
             f"dataset {dataset.name!r} has images of shape {tuple(dataset.image_shape)}, "
@@ -319,6 +296,7 @@ def evaluate(
         "corruptions": None,
         "sequences": None,
         "system_noise": None,
+        "metrics": None,
     }
     report["clean"], clean_correct = clean_section(classifier, dataset, plan, parallel)
     on_update(report)
@@ -350,9 +328,17 @@ def evaluate(
         except Exception as error:  # recorded in the report, like a failed attack
             publish("system_noise")({"status": "failed", **plan.system_noise.as_dict(),
                                      "error": f"{type(error).__name__}: {error}"})
+    if plan.metrics is not None:
+        try:
+            publish("metrics")(metric_suite.metrics_section(plan.metrics, classifier, dataset, plan, parallel,
+                                                            profile=profile, reference=reference,
+                                                            on_progress=publish("metrics")))
+        except Exception as error:  # recorded in the report, like a failed attack
+            publish("metrics")({"status": "failed", "settings": plan.metrics.as_dict(),
+                                "error": f"{type(error).__name__}: {error}"})
     failed = any(section["status"] != "ok" for section in report["attacks"])
     failed |= any(report[part] is not None and report[part]["status"] != "ok"
-                  for part in ("corruptions", "sequences", "system_noise"))
+                  for part in ("corruptions", "sequences", "system_noise", "metrics"))
     report["status"] = "incomplete" if failed else "complete"
     on_update(report)
     return report

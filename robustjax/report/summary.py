@@ -74,3 +74,31 @@ def summary_table(report: dict) -> Table:
                       f"(std {_percent(system['std_accuracy'])})", _percent(system["mean_accuracy"]), "", "", "", "1",
                       f"{system['timing']['wall_s']:.1f} ({system['timing']['compile_s']:.1f})")
     return table
+
+
+def metrics_table(report: dict) -> Table | None:
+    """The 23 metrics (and the additional ones) grouped as the paper groups them, each with
+    the direction that means more robust; None when the report has no metrics section."""
+    section = report.get("metrics")
+    if section is None:
+        return None
+    table = Table(title="robustness metrics (arXiv 2101.09617)", box=box.SIMPLE_HEAD,
+                  caption="better: the direction that means a more robust model (for coverage, a more "
+                  "thorough adversarial test set); see report.json for each metric's settings")
+    for column, justify in (("#", "right"), ("metric", "left"), ("value", "right"), ("better", "left"),
+                            ("description", "left")):
+        table.add_column(column, justify=justify, ratio=1 if column == "description" else None)
+    if section["status"] == "failed":
+        table.add_row("", "metrics", "failed", "", section["error"])
+        return table
+    group = None
+    for entry in section["results"]:
+        if entry["group"] != group:
+            group = entry["group"]
+            table.add_section()
+            table.add_row("", f"[bold]{group}[/]", "", "", "")
+        value = _number(entry["value"], 4) if entry["status"] == "ok" else entry["status"]
+        note = entry["description"] if entry["status"] == "ok" else entry["reason"]
+        table.add_row("" if entry["index"] is None else str(entry["index"]), entry["name"], value,
+                      entry["direction"], note)
+    return table

@@ -1,0 +1,187 @@
+"""The metrics section of ``robustjax evaluate``: the 23 metrics, grouped, with directions,
+streamed over padded, sharded batches."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import jsonschema
+import numpy as np
+import pytest
+
+import robustjax as rj
+from robustjax.evaluation import metric_suite
+from robustjax.evaluation.plan import plan_from_dict
+from robustjax.metrics import behaviour
+from robustjax.report import schema
+
+# FGSM has no randomness, so every metric is a deterministic function of the data and the
+# values must not depend on how the examples are batched.
+SMALL = {
+    "attack": {"name": "fgsm", "eps": 0.2},
+    "reference": "digits_mlp",
+    "ebd_directions": 8,
+    "ebd2_step": 0.02,
+    "ebd2_max_steps": 20,
+    "rgb_sigma": 0.5,
+    "corruptions": ["brightness", "contrast"],  # deterministic, like FGSM
+    "severities": [1, 3],
+}
+
+
+def _plan(batch_size: int, num_examples: int = 40, **metrics):
+    return plan_from_dict({"batch_size": batch_size, "num_examples": num_examples, "metrics": {**SMALL, **metrics}})
+
+
+@pytest.fixture(scope="module")
+def models():
+    return rj.zoo.create("digits_cnn"), rj.zoo.create("digits_mlp")
+
+
+@pytest.fixture(scope="module")
+def datasets():
+    return rj.data.digits("test"), rj.data.digits("train")
+
+
+@pytest.fixture(scope="module")
+def report(models, datasets):
+    model, reference = models
+    test, train = datasets
+    return rj.evaluation.evaluate(model, test, _plan(16), profile=train, reference=reference)
+
+
+def _by_name(report) -> dict[str, dict]:
+    return {entry["name"]: entry for entry in report["metrics"]["results"]}
+
+
+def test_all_23_metrics_are_reported_in_the_papers_groups_with_directions(report):
+    jsonschema.validate(report, schema())
+    section = report["metrics"]
+    assert section["status"] == "ok" and report["status"] == "complete"
+    entries = section["results"]
+    assert sorted({e["index"] for e in entries if e["index"] is not None}) == list(range(1, 24))
+    assert [e["group"] for e in entries] == sorted((e["group"] for e in entries), key=metric_suite.GROUPS.index)
+    for entry in entries:
+        assert entry["status"] == "ok", entry
+        assert math.isfinite(entry["value"]) and entry["direction"] in ("higher", "lower")
+    by_name = _by_name(report)
+    assert by_name["ASS"]["settings"]["window"] == 7  # 8x8 images: the largest odd window that fits
+    assert by_name["KMNC"]["settings"]["bounds_profiled_on"] == "digits/train"
+    assert by_name["AAB"]["settings"]["source"] == "digits_mlp"
+
+
+def test_values_agree_with_the_other_sections_and_with_each_other(report):
+    values = {name: entry["value"] for name, entry in _by_name(report).items()}
+    assert values["CA"] == pytest.approx(report["clean"]["accuracy"])
+    assert values["AAW"] + values["ASR"] == pytest.approx(1.0)  # untargeted, over every example
+    assert values["CAV"] == pytest.approx(values["CRR"] - values["CSR"])
+    assert 0 <= values["SNAC"] <= 1 and values["NBC"] >= values["SNAC"] / 2
+    assert 1 <= values["TKNP"] <= 40 and values["TKNP"] == int(values["TKNP"])
+    errors = report["metrics"]["corruption_errors"]
+    model, reference = np.array(errors["model"]), np.array(errors["reference"])
+    assert model.shape == reference.shape == (2, 2)
+    assert values["mCE"] == pytest.approx(np.mean(model.sum(1) / reference.sum(1)), rel=1e-6)
+
+
+def test_streamed_values_do_not_depend_on_batching_or_padding(report, models, datasets):
+    model, reference = models
+    test, train = datasets
+    # 40 examples in batches of 16 pad the last batch with 8 copies; one batch of 40 pads none.
+    other = rj.evaluation.evaluate(model, test, _plan(40), profile=train, reference=reference)
+    for name, entry in _by_name(other).items():
+        # float32 sums in a different order
+        assert entry["value"] == pytest.approx(_by_name(report)[name]["value"], rel=1e-5, abs=1e-6), name
+
+
+def test_section_values_equal_the_library_functions_on_the_same_examples(report, models, datasets):
+    model, _ = models
+    x, y = datasets[0].arrays(limit=40)
+    attack = rj.attacks.make("fgsm", eps=0.2)
+    x_adv = attack(model, x, y, key=jax.random.key(0)).x_adv
+    logits_adv = model(x_adv)
+    values = {name: entry["value"] for name, entry in _by_name(report).items()}
+    assert values["ACAC"] == pytest.approx(float(behaviour.average_confidence_adversarial_class(logits_adv, y)), rel=1e-5)
+    assert values["NTE"] == pytest.approx(float(behaviour.noise_tolerance_estimation(logits_adv, y)), rel=1e-5)
+    success = behaviour.attack_success(logits_adv, jnp.asarray(y))
+    ald = rj.metrics.imperceptibility.average_lp_distortion(x, x_adv, success)
+    assert values["ALD_2"] == pytest.approx(float(ald.l2), rel=1e-5)
+    blurred = model(behaviour.blur_for_rgb(x_adv, 0.5))
+    assert values["RGB"] == pytest.approx(float(behaviour.robustness_to_gaussian_blur(logits_adv, blurred, y)), rel=1e-5)
+
+
+def test_missing_inputs_are_reported_as_skipped_with_a_reason(models, datasets):
+    model, _ = models
+    plan = _plan(20, num_examples=20, reference=None)
+    report = rj.evaluation.evaluate(model, datasets[0], plan)
+    entries = _by_name(report)
+    for name in ("KMNC", "NBC", "SNAC", "AAB", "mCE", "relative_mCE", "CAV", "COS"):
+        assert entries[name]["status"] == "skipped" and entries[name]["value"] is None
+    assert "reference model" in entries["AAB"]["reason"] and "profiling set" in entries["KMNC"]["reason"]
+    assert entries["TKNC"]["status"] == entries["EBD"]["status"] == "ok"
+    assert report["metrics"]["status"] == "ok"
+    jsonschema.validate(report, schema())
+
+
+def test_a_metric_undefined_on_the_data_has_no_value_but_a_reason(models, datasets):
+    model, reference = models
+    x, y = datasets[0].arrays(limit=40)
+    correct = np.asarray(jnp.argmax(model(x), -1)) == y
+    dataset = rj.data.from_arrays(x[correct][:16], y[correct][:16], name="correct digits", num_classes=10)
+    # eps 0 on correctly classified examples fools none: metrics over the success set are undefined.
+    plan = _plan(16, num_examples=16, attack={"name": "fgsm", "eps": 0.0}, corruptions=["brightness"], severities=[1])
+    entries = _by_name(rj.evaluation.evaluate(model, dataset, plan, profile=datasets[1], reference=reference))
+    for name in ("ACAC", "NTE", "ASS", "RGB"):
+        assert entries[name]["status"] == "undefined" and entries[name]["value"] is None
+        assert "no successful adversarial examples" in entries[name]["reason"]
+    assert entries["AAW"]["status"] == "ok"
+
+
+def test_a_failing_phase_keeps_the_other_metrics(models, datasets, monkeypatch):
+    model, reference = models
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("corruption exploded")
+
+    monkeypatch.setattr(metric_suite.noise, "corrupt", broken)
+    plan = _plan(20, num_examples=20, corruptions=["brightness"], severities=[1])
+    updates = []
+    report = rj.evaluation.evaluate(model, datasets[0], plan, profile=datasets[1], reference=reference,
+                                    on_update=lambda r: updates.append(r["metrics"] and r["metrics"]["status"]))
+    entries = _by_name(report)
+    assert entries["mCE"]["status"] == "failed" and "corruption exploded" in entries["mCE"]["reason"]
+    assert entries["CA"]["status"] == "ok" and report["metrics"]["status"] == "incomplete"
+    assert report["status"] == "incomplete" and "running" in updates  # published before the corruption phase
+
+
+def test_a_reference_for_other_inputs_is_refused(models, datasets):
+    model, _ = models
+    other = rj.zoo.create("digits_cnn", pretrained=False, num_classes=5)
+    report = rj.evaluation.evaluate(model, datasets[0], _plan(20, num_examples=20), reference=other)
+    assert report["metrics"]["status"] == "failed" and "predicts 5 classes" in report["metrics"]["error"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"kmnc_sections": 0}, "metrics.kmnc_sections must be an integer >= 1"),
+        ({"tknp_k": 1.5}, "metrics.tknp_k must be an integer >= 1"),
+        ({"ric_quality": 101}, "metrics.ric_quality must be an integer from 1 to 100"),
+        ({"rgb_sigma": -1}, "metrics.rgb_sigma must be a number > 0"),
+        ({"attack": {"name": "pgd", "eps": [0.1, 0.2]}}, "metrics.attack takes one eps"),
+        ({"attack": {"name": "nope"}}, "metrics.attack"),
+        ({"conv_neuron": "pixel"}, "conv_neuron"),
+        ({"mce_baseline": "alexnet"}, "the alexnet baseline needs all severities"),
+        ({"colour": 1}, "unknown key(s) ['colour']"),
+    ],
+)
+def test_bad_metrics_settings_are_refused_when_the_plan_is_read(change, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        plan_from_dict({"metrics": {**SMALL, **change}})
+
+
+def test_the_digits_plan_computes_the_metrics_by_default():
+    plan = rj.evaluation.default_plan("digits/test")
+    assert plan.metrics is not None and plan.metrics.reference == "digits_mlp"
+    assert len(plan.metrics.corruptions) == 15 and plan.metrics.severities == (1, 2, 3, 4, 5)
+    assert dataclasses.asdict(plan.metrics.attack)["eps"] == 0.1
