@@ -37,7 +37,7 @@ BEHAVIOUR = "model: behaviour"
 STRUCTURE = "model: structure"
 ADDITIONAL = "additional: attack success and defence comparison"
 GROUPS = (COVERAGE, IMPERCEPTIBILITY, BEHAVIOUR, STRUCTURE, ADDITIONAL)
-_ADEQUACY = "higher: the adversarial test set exercises more of the network"
+_ADEQUACY = "of the adversarial examples (test adequacy)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +59,11 @@ def _direction(name: str) -> str:
 
 
 CATALOGUE = (
-    MetricInfo("KMNC", COVERAGE, 1, "higher", f"k-multisection neuron coverage; {_ADEQUACY}"),
-    MetricInfo("NBC", COVERAGE, 2, "higher", f"neuron boundary coverage; {_ADEQUACY}"),
-    MetricInfo("SNAC", COVERAGE, 3, "higher", f"strong neuron activation coverage; {_ADEQUACY}"),
-    MetricInfo("TKNC", COVERAGE, 4, "higher", f"top-k neuron coverage; {_ADEQUACY}"),
-    MetricInfo("TKNP", COVERAGE, 5, "higher", f"top-k neuron patterns (a count); {_ADEQUACY}"),
+    MetricInfo("KMNC", COVERAGE, 1, "higher", f"k-multisection neuron coverage {_ADEQUACY}"),
+    MetricInfo("NBC", COVERAGE, 2, "higher", f"neuron boundary coverage {_ADEQUACY}"),
+    MetricInfo("SNAC", COVERAGE, 3, "higher", f"strong neuron activation coverage {_ADEQUACY}"),
+    MetricInfo("TKNC", COVERAGE, 4, "higher", f"top-k neuron coverage {_ADEQUACY}"),
+    MetricInfo("TKNP", COVERAGE, 5, "higher", f"distinct top-k neuron patterns {_ADEQUACY}"),
     MetricInfo("ALD_0", IMPERCEPTIBILITY, 6, _direction("ALD"), "average L0 distortion of successful examples"),
     MetricInfo("ALD_2", IMPERCEPTIBILITY, 6, _direction("ALD"), "average relative L2 distortion"),
     MetricInfo("ALD_inf", IMPERCEPTIBILITY, 6, _direction("ALD"), "average relative Linf distortion"),

@@ -96,7 +96,7 @@ def metrics_table(report: dict) -> Table | None:
         if entry["group"] != group:
             group = entry["group"]
             table.add_section()
-            table.add_row("", f"[bold]{group}[/]", "", "", "")
+            table.add_row("", "", "", "", f"[bold]{group}[/]")
         value = _number(entry["value"], 4) if entry["status"] == "ok" else entry["status"]
         note = entry["description"] if entry["status"] == "ok" else entry["reason"]
         table.add_row("" if entry["index"] is None else str(entry["index"]), entry["name"], value,
