@@ -17,8 +17,10 @@ imagecorruptions 1.1.2 predates numpy 2 and scikit-image 0.19+. Two minimal adap
 it run, changing no arithmetic: ``skimage.filters.gaussian``'s removed ``multichannel=True``
 becomes ``channel_axis=-1`` (glass_blur, gaussian_blur), and ``np.float_`` is aliased to
 ``np.float64`` (fog). A corruption that imagecorruptions lacks or still cannot run is
-skipped, with the reason, under ``skipped`` in the JSON. Results:
-results/noise.BACKEND.json.
+skipped, with the reason, under ``skipped`` in the JSON. Per size, two summaries: the
+geometric mean of the per-corruption ratios, and the whole-suite ratio (the time each
+library takes to apply every corruption once to an image, summed over corruptions, so the
+slow corruptions weigh as much as they cost). Results: results/noise.BACKEND.json.
 """
 
 from __future__ import annotations
@@ -150,10 +152,24 @@ def main() -> None:
     path = report("noise", rows, facts, settings, args.out)
     payload = json.loads(path.read_text())
     payload["skipped"] = skipped
-    payload["geometric_mean_ratio"] = {
-        str(size): geometric_mean([row["ratio"] for row in rows if row["size"] == size]) for size in args.sizes}
+    payload.update(summaries(rows, args.sizes))
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print("geometric mean ratio per size:", payload["geometric_mean_ratio"])
+    print("whole-suite ratio per size:", payload["whole_suite_ratio"])
+
+
+def summaries(rows: list[dict], sizes) -> dict:
+    """Per size: the geometric mean of the per-corruption ratios, and the whole-suite ratio
+    (sum over corruptions of the peer's seconds per image over the sum of ours)."""
+    def at(size):
+        return [row for row in rows if row["size"] == size]
+
+    return {
+        "geometric_mean_ratio": {str(size): geometric_mean([row["ratio"] for row in at(size)]) for size in sizes},
+        "whole_suite_ratio": {
+            str(size): sum(1 / row["peer_images_per_s"] for row in at(size))
+            / sum(1 / row["robustjax_images_per_s"] for row in at(size)) for size in sizes},
+    }
 
 
 if __name__ == "__main__":
