@@ -61,6 +61,29 @@ def test_robust_accuracy_is_consistent(small_report):
     assert fgsm["queries_mean"] == 2.0 and pgd["queries_mean"] <= 2 * 6.0  # two restarts of 5 steps + check
 
 
+def test_worst_case_over_the_attacks_that_share_a_budget(small_report, digits_clf):
+    report, _ = small_report
+    (worst,) = report["worst_case"]  # FGSM and PGD share linf 0.1; PGD alone has 0.2
+    fgsm, pgd_small, _ = report["attacks"]
+    assert (worst["norm"], worst["eps"], worst["attacks"]) == ("linf", 0.1, ["fgsm", "pgd"])
+    assert worst["robust_accuracy"] <= min(fgsm["robust_accuracy"], pgd_small["robust_accuracy"])
+    # Each example is robust at most once per attack: the worst case loses at most the sum.
+    lost = fgsm["num_adversarial"] + pgd_small["num_adversarial"]
+    assert round(worst["robust_accuracy"] * 50) >= report["clean"]["num_correct"] - lost
+    assert worst["wcar"] == pytest.approx(worst["robust_accuracy"] * 50 / report["clean"]["num_correct"])
+
+
+def test_clean_calibration_matches_the_library_functions(small_report, digits_clf):
+    report, _ = small_report
+    x, y = rj.data.digits("test").arrays(limit=50)
+    logits = digits_clf(x)
+    confidence, correct = rj.metrics.calibration.max_softmax(logits), np.argmax(logits, -1) == y
+    calibration = report["clean"]["calibration"]
+    assert calibration["expected_calibration_error"] == pytest.approx(
+        float(rj.metrics.calibration.expected_calibration_error(confidence, correct)), abs=1e-6)
+    assert calibration["aurra"] == pytest.approx(float(rj.metrics.calibration.aurra(confidence, correct)), abs=1e-6)
+
+
 def test_report_is_handed_over_after_every_section(small_report):
     _, updates = small_report
     assert updates == [0, 1, 3, 3]

@@ -25,7 +25,7 @@ from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation import metric_suite
-from robustjax.evaluation.parallel import DataParallel, predict
+from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import BASELINES, AttackRun, CorruptionRun, Plan, SequenceRun, SystemNoiseRun
 from robustjax.evaluation.timing import timed
 from robustjax.zoo.registry import count_params
@@ -43,16 +43,30 @@ def _mean_or_none(values: np.ndarray) -> float | None:
     return float(np.mean(values)) if values.size else None
 
 
+@jax.jit
+def _confidence_and_prediction(classifier: Classifier, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    logits = classifier(x)
+    return metrics.calibration.max_softmax(logits), jnp.argmax(logits, axis=-1)
+
+
 def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel):
-    """Clean accuracy, and the host mask of correctly classified examples."""
-    correct = []
+    """Clean accuracy and calibration (RobustART's RMS calibration error and AURRA, and ECE),
+    and the host mask of correctly classified examples."""
+    correct, confidence = [], []
     with timed() as timing:
         for x, y, mask in parallel.batches(dataset, plan.num_examples):
-            correct.append((np.asarray(predict(classifier, x)) == np.asarray(y))[mask])
-    correct = np.concatenate(correct)
+            top, prediction = _confidence_and_prediction(classifier, x)
+            correct.append((np.asarray(prediction) == np.asarray(y))[mask])
+            confidence.append(np.asarray(top)[mask])
+    correct, confidence = np.concatenate(correct), np.concatenate(confidence)
     section = {
         "accuracy": float(correct.mean()),
         "num_correct": int(correct.sum()),
+        "calibration": {
+            "rms_calibration_error": float(metrics.calibration.rms_calibration_error(confidence, correct)),
+            "expected_calibration_error": float(metrics.calibration.expected_calibration_error(confidence, correct)),
+            "aurra": float(metrics.calibration.aurra(confidence, correct)),
+        },
         "timing": timing.as_dict(len(correct)),
     }
     return section, correct
@@ -75,9 +89,10 @@ def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDatase
 def attack_sections(
     run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
     parallel: DataParallel, clean_correct: np.ndarray,
-) -> list[dict]:
+) -> tuple[list[dict], list[np.ndarray]]:
     """Robust accuracy, success rate, perturbation norms, queries and timing of one plan
-    entry: one section per epsilon of its sweep."""
+    entry: one section per epsilon of its sweep, and per section the host mask of the
+    examples classified correctly both clean and under the attack."""
     columns: dict[str, list[np.ndarray]] = {}
     with timed() as timing:
         for mask, values in _attack_batches(run, classifier, dataset, plan, parallel):
@@ -86,7 +101,7 @@ def attack_sections(
     columns = {name: np.concatenate(parts, axis=1) for name, parts in columns.items()}
     num_correct = int(clean_correct.sum())
     timing_fields = {**timing.as_dict(clean_correct.size), "grid_size": len(run.entries())}
-    sections = []
+    sections, robust = [], []
     for i, params in enumerate(run.entries()):
         success = columns["success"][i]
         fooled = clean_correct & success  # correctly classified examples the attack flipped
@@ -109,7 +124,29 @@ def attack_sections(
             "queries_median": float(np.median(columns["queries"][i])),
             "timing": timing_fields,
         })
-    return sections
+        robust.append(clean_correct & ~success)
+    return sections, robust
+
+
+def worst_case_section(attacks: list[tuple[dict, np.ndarray]], clean_correct: np.ndarray) -> list[dict]:
+    """Per threat model (norm and epsilon) that two or more finished attacks share: the
+    worst case over them, per example (an example counts as robust only if every attack
+    failed on it). ``robust_accuracy`` is over all examples; ``wcar`` is RobustART's WCAR,
+    over the clean-correct ones."""
+    budgets: dict[tuple[str, float], list[tuple[dict, np.ndarray]]] = {}
+    for section, robust in attacks:
+        if "eps" in section["params"]:
+            budgets.setdefault((section["params"].get("norm", "linf"), section["params"]["eps"]), []).append(
+                (section, robust))
+    entries = []
+    for (norm, eps), members in budgets.items():
+        if len(members) < 2:
+            continue
+        robust = np.logical_and.reduce([mask for _, mask in members])
+        entries.append({"norm": norm, "eps": eps, "attacks": [section["name"] for section, _ in members],
+                        "robust_accuracy": float(robust.mean()),
+                        "wcar": float(robust.sum() / clean_correct.sum()) if clean_correct.any() else None})
+    return entries
 
 
 def corruption_section(
@@ -293,6 +330,7 @@ def evaluate(
         "environment": environment(),
         "clean": None,
         "attacks": [],
+        "worst_case": [],
         "corruptions": None,
         "sequences": None,
         "system_noise": None,
@@ -300,14 +338,17 @@ def evaluate(
     }
     report["clean"], clean_correct = clean_section(classifier, dataset, plan, parallel)
     on_update(report)
+    finished = []  # (section, robust mask) of every attack that ran
     for run in plan.runs:
         try:
-            sections = attack_sections(run, classifier, dataset, plan, parallel, clean_correct)
+            sections, robust = attack_sections(run, classifier, dataset, plan, parallel, clean_correct)
         except Exception as error:  # recorded in the report; the rest of the plan still runs
-            sections = [{"name": run.attack.name, "params": params, "status": "failed",
-                         "error": f"{type(error).__name__}: {error}"} for params in run.entries()]
+            sections, robust = [{"name": run.attack.name, "params": params, "status": "failed",
+                                 "error": f"{type(error).__name__}: {error}"} for params in run.entries()], []
         report["attacks"].extend(sections)
+        finished.extend(zip(sections, robust))
         on_update(report)
+    report["worst_case"] = worst_case_section(finished, clean_correct)
 
     def publish(part: str) -> Callable[[dict], None]:
         """Stores a (partial) section in the report and passes the report on."""

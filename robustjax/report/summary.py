@@ -49,6 +49,9 @@ def summary_table(report: dict) -> Table:
             _number(norms["linf_mean"]), _number(norms["l2_mean"]), f"{section['queries_mean']:.1f}",
             f"{timing['wall_s']:.1f} ({timing['compile_s']:.1f})",
         )
+    for entry in report.get("worst_case", []):
+        table.add_row(f"worst case of {', '.join(entry['attacks'])} {entry['norm']} eps={_number(entry['eps'])}",
+                      _percent(entry["robust_accuracy"]), "", "", "", "", "")
     corruptions = report.get("corruptions")
     if corruptions is not None:
         for entry in corruptions.get("per_corruption", []):
