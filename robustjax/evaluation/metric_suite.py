@@ -199,9 +199,10 @@ def _ssim_window(image_shape) -> int:
 
 
 def _real(mask: np.ndarray, *arrays):
-    """The leading ``mask.sum()`` rows (the real examples; padding comes last) of each array."""
+    """The leading ``mask.sum()`` rows (the real examples; padding comes last) of each array,
+    on the host: a device-sharded slice would split a few rows unevenly over the devices."""
     count = int(mask.sum())
-    return [None if a is None else a[:count] for a in arrays]
+    return [None if a is None else np.asarray(a)[:count] for a in arrays]
 
 
 def _profile_bounds(run: MetricsRun, widths, classifier: Classifier, profile: ImageDataset, parallel):
