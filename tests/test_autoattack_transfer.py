@@ -39,15 +39,38 @@ def test_components_follow_the_published_versions():
 def test_ensemble_is_at_least_as_strong_as_its_first_attack(digits_clf, digits_batch, key):
     x, y = digits_batch
     ensemble = rj.attacks.AutoAttack(**SMALL)(digits_clf, x, y, key=key)
-    first = rj.attacks.APGD(eps=0.1, steps=5)(digits_clf, x, y, key=jax.random.fold_in(key, 0))
-    assert bool(jnp.all(ensemble.success >= first.success))
+    # The first component runs on the correctly classified examples, gathered into a batch
+    # of the full size (more than a quarter of the batch is left) by repeating them.
+    chosen = np.flatnonzero(np.argmax(digits_clf(x), -1) == y)
+    rows = np.resize(chosen, len(y))
+    first = rj.attacks.APGD(eps=0.1, steps=5)(digits_clf, x[rows], y[rows], key=jax.random.fold_in(key, 0))
+    first_success = np.asarray(first.success)[:chosen.size]
+    assert bool(np.all(np.asarray(ensemble.success)[chosen] >= first_success))
     np.testing.assert_array_equal(ensemble.success, np.argmax(digits_clf(ensemble.x_adv), -1) != y)
     # An example the first attack fooled is charged the ensemble's clean check, that attack's
     # queries (its own final check included) and the ensemble's final check.
-    fooled_first = np.asarray(first.success & (np.argmax(digits_clf(x), -1) == y))
-    assert fooled_first.any()
-    np.testing.assert_array_equal(np.asarray(ensemble.queries)[fooled_first], np.asarray(first.queries)[fooled_first] + 2)
+    assert first_success.any()
+    np.testing.assert_array_equal(np.asarray(ensemble.queries)[chosen[first_success]],
+                                  np.asarray(first.queries)[:chosen.size][first_success] + 2)
     assert float(jnp.abs(ensemble.x_adv - x).max()) <= 0.1 + 1e-6
+
+
+def test_later_components_run_only_on_the_examples_still_robust(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    sizes = []
+    counting = digits_clf.replace(apply_fn=lambda params, images: (
+        jax.debug.callback(lambda a: sizes.append(len(a)), images), digits_clf.apply_fn(params, images))[1])
+    attack = rj.attacks.AutoAttack(eps=0.3, steps=5, target_classes=2, square_queries=30)
+    result = attack(counting, x, y, key=key)
+    robust_after_first = int(np.sum(~np.asarray(result.success)))
+    assert robust_after_first <= len(y) // 4  # eps 0.3 breaks nearly every digit at once
+    assert min(sizes) <= len(y) // 4  # so the later components get a smaller batch
+    # Inside jit the one-program form runs, every component on the whole batch.
+    sizes.clear()
+    traced = jax.jit(lambda clf, images, labels, k: attack(clf, images, labels, key=k))(counting, x, y, key)
+    assert set(sizes) >= {len(y)} and min(sizes) >= len(y)
+    np.testing.assert_array_equal(traced.success, np.argmax(digits_clf(traced.x_adv), -1) != y)
+    assert float(traced.success.mean()) >= 0.75
 
 
 def test_misclassified_examples_are_not_attacked(digits_clf, digits_batch, key):

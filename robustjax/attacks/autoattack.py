@@ -13,11 +13,15 @@ Versions, with the settings of the authors' ``autoattack.py``:
 The authors' ``rand`` version averages gradients over the randomness of a stochastic
 model (EOT); a :class:`~robustjax.Classifier` is deterministic, so it is not offered.
 
-The ensemble runs as one compiled program with static shapes: every component runs on the
-whole batch and an example's result comes from the first component that fooled it. So the
-outcome is the original's, with compute spent on examples that earlier components already
-broke; ``queries`` charges each example only for the components that ran while it was
-still robust, as the original's sequential run would.
+Called on concrete arrays, the ensemble runs as the original does: each component (and
+each target class of the targeted ones) only on the examples still robust, gathered into
+batches of a few fixed sizes (the full batch, a quarter of it, a sixteenth, ...) so that
+each component compiles a handful of times at most. Inside a trace (``jax.jit`` of user
+code) :meth:`AutoAttack.run` runs instead: one compiled program with static shapes, every
+component on the whole batch, an example's result from the first component that fooled
+it, so compute goes to examples already broken. Either way ``queries`` charges each example
+only for the components that ran while it was still robust, and each component draws its
+randomness from the same key (a different batch composition gives different draws).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from robustjax.attacks.apgd import APGD
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
@@ -84,12 +89,38 @@ class AutoAttack(Attack):
             parts = [(apgd, 5, 0), (apgd_dlr, 5, 0), (fab, 5, 0), (square, 1, 0), (apgd_t, 1, targets), (fab_t, 1, 0)]
         return tuple(part for part in parts if part[0] is not None)
 
+    def __call__(self, classifier, x, y, *, key: jax.Array, target=None) -> AttackResult:
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((classifier, x, y, key))):
+            return super().__call__(classifier, x, y, key=key, target=target)
+        self.validate(classifier, x, y, key, target)
+        return self._run_on_robust(classifier, x, y, key)
+
+    def _run_on_robust(self, classifier, x, y, key) -> AttackResult:
+        """The sequential ensemble on concrete arrays, each stage on the still-robust examples."""
+        images, labels = np.asarray(x), np.asarray(y, np.int32)
+        robust, ranked = map(np.array, _clean_check(classifier, images, labels))  # writable copies
+        x_adv, queries = images.copy(), np.ones(len(labels), np.int32)  # the clean check
+        for index, (attack, restarts, targets) in enumerate(self.components(classifier.num_classes)):
+            part_key = jax.random.fold_in(key, index)
+            stage_keys = jax.random.split(part_key, targets) if targets else part_key[None]
+            for k, stage_key in enumerate(stage_keys):
+                chosen = np.flatnonzero(robust)
+                if not chosen.size:
+                    break
+                rows = np.resize(chosen, _bucket(chosen.size, len(labels)))  # repeats fill the bucket
+                goal = None if not targets else ranked[rows, ranked.shape[-1] - 1 - k]
+                result = _stage(attack, restarts, classifier, images[rows], labels[rows], goal, stage_key)
+                success = np.asarray(result.success)[:chosen.size]
+                x_adv[chosen[success]] = np.asarray(result.x_adv)[:chosen.size][success]
+                queries[chosen] += np.asarray(result.queries)[:chosen.size]
+                robust[chosen[success]] = False
+        result = _finish(classifier, x_adv, labels, queries)
+        return AttackResult(x_adv=_placed_like(result.x_adv, x), success=_placed_like(result.success, y),
+                            queries=_placed_like(result.queries, y), margin=_placed_like(result.margin, y))
+
     def run(self, classifier, x, y, key, target) -> AttackResult:
-        logits = classifier(x)
-        robust = attack_margin(logits, y, None) >= 0
+        robust, ranked = _clean_check(classifier, x, y)
         x_adv, queries = x, jnp.ones_like(y)  # the clean check
-        # Wrong classes by decreasing logit at x: APGD-T's targets.
-        ranked = jnp.argsort(jnp.where(jax.nn.one_hot(y, logits.shape[-1], dtype=bool), -jnp.inf, logits), axis=-1)
         for index, (attack, restarts, targets) in enumerate(self.components(classifier.num_classes)):
             part_key = jax.random.fold_in(key, index)
             if targets:
@@ -103,6 +134,45 @@ class AutoAttack(Attack):
         return finalize(classifier, x_adv, y, None, queries)
 
 
+def _placed_like(value: jax.Array, reference) -> jax.Array:
+    """``value`` with the sharding of ``reference`` (a batch sharded over devices stays so)."""
+    return jax.device_put(value, reference.sharding) if isinstance(reference, jax.Array) else value
+
+
+def _bucket(count: int, batch: int) -> int:
+    """The smallest of batch, batch / 4, batch / 16, ... (rounded up) that holds ``count``."""
+    size = batch
+    while size > 1 and -(-size // 4) >= count:
+        size = -(-size // 4)
+    return size
+
+
+@jax.jit
+def _clean_check(classifier, x, y):
+    """Which examples are classified correctly, and the wrong classes by increasing logit
+    (the last ones are APGD-T's and FAB-T's targets)."""
+    logits = classifier(x)
+    ranked = jnp.argsort(jnp.where(jax.nn.one_hot(y, logits.shape[-1], dtype=bool), -jnp.inf, logits), axis=-1)
+    return attack_margin(logits, y, None) >= 0, ranked
+
+
+def _against(attack: Attack, restarts: int, classifier, x, y, target, key) -> AttackResult:
+    """One component (against one target class when ``target`` is given) with its restarts;
+    success means fooled, whatever the class."""
+    result = _with_restarts(attack, restarts, classifier, x, y, target, key)
+    if target is None:
+        return result
+    return result._replace(success=attack_margin(classifier(result.x_adv), y, None) < 0)
+
+
+_stage = jax.jit(_against, static_argnums=(0, 1))
+
+
+@jax.jit
+def _finish(classifier, x_adv, y, queries) -> AttackResult:
+    return finalize(classifier, x_adv, y, None, queries)
+
+
 def _with_restarts(attack: Attack, restarts: int, classifier, x, y, target, key) -> AttackResult:
     """Restarts run in order (vmapped); an example keeps its first successful restart and is
     charged for the restarts up to it."""
@@ -114,10 +184,7 @@ def _with_restarts(attack: Attack, restarts: int, classifier, x, y, target, key)
 def _over_targets(attack: Attack, restarts: int, targets: int, classifier, x, y, ranked, key) -> AttackResult:
     """The attack against the k-th highest-scoring wrong class, k = 1..targets, in order."""
     def one(k, k_key):
-        target = jnp.take(ranked, ranked.shape[-1] - 1 - k, axis=-1)
-        result = _with_restarts(attack, restarts, classifier, x, y, target, k_key)
-        untargeted = attack_margin(classifier(result.x_adv), y, None) < 0  # fooled, whatever the class
-        return result._replace(success=untargeted)
+        return _against(attack, restarts, classifier, x, y, jnp.take(ranked, ranked.shape[-1] - 1 - k, axis=-1), k_key)
 
     return _first_success(jax.vmap(one)(jnp.arange(targets), jax.random.split(key, targets)))
 
