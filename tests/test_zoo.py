@@ -1,4 +1,5 @@
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -66,6 +67,38 @@ def test_weights_round_trip_and_mismatch_names_each_tensor(tmp_path):
 def test_pretrained_needs_ten_classes():
     with pytest.raises(ValueError, match="10 classes"):
         rj.zoo.create("digits_cnn", num_classes=3)
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, padding, dilation, groups",
+    [((3, 3), (1, 1), "SAME", (1, 1), 1), ((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), 1),
+     ((1, 1), (2, 1), "VALID", (1, 1), 1), ((3, 3), (1, 1), "SAME", (2, 2), 1), ((3, 3), (2, 2), "SAME", (1, 1), 4)],
+)
+def test_conv_for_loops_has_the_values_and_gradients_of_lax_conv(kernel, stride, padding, dilation, groups):
+    from robustjax.zoo.layers import conv_general_dilated
+
+    x = jax.random.normal(jax.random.key(0), (3, 9, 8, 4))
+    w = jax.random.normal(jax.random.key(1), (*kernel, 4 // groups, 8))
+    numbers = ("NHWC", "HWIO", "NHWC")
+
+    def loss(conv):
+        def value(x, w):
+            out = conv(x, w, stride, padding, rhs_dilation=dilation, dimension_numbers=numbers, feature_group_count=groups)
+            return jnp.sum(jnp.sin(out))
+        return value
+
+    np.testing.assert_array_equal(loss(conv_general_dilated)(x, w), loss(jax.lax.conv_general_dilated)(x, w))
+    ours = jax.grad(loss(conv_general_dilated), (0, 1))(x, w)
+    reference = jax.grad(loss(jax.lax.conv_general_dilated), (0, 1))(x, w)
+    for a, b in zip(ours, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # the same convolutions, possibly reassociated
+
+
+def test_conv_for_loops_gives_the_same_gradients_in_a_rolled_loop(digits_clf, digits_batch):
+    x, y = digits_batch
+    unrolled = rj.attacks.PGD(eps=0.1, steps=4, unroll=True)(digits_clf, x, y, key=jax.random.key(0))
+    rolled = rj.attacks.PGD(eps=0.1, steps=4, unroll=False)(digits_clf, x, y, key=jax.random.key(0))
+    np.testing.assert_allclose(rolled.x_adv, unrolled.x_adv, atol=1e-6)
 
 
 def test_max_pool_matches_flax_and_routes_gradients_to_the_first_maximum():

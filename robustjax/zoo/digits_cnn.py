@@ -7,7 +7,7 @@ from flax import nnx
 
 from robustjax.classifier import Classifier
 from robustjax.zoo.assets import asset_dir, read_card
-from robustjax.zoo.layers import max_pool_2x2
+from robustjax.zoo.layers import conv_general_dilated, max_pool_2x2
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.weights import load_weights
 
@@ -22,7 +22,8 @@ class ConvBlock(nnx.Module):
     """3x3 convolution (SAME padding) followed by ReLU."""
 
     def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs):
-        self.conv = nnx.Conv(in_features, out_features, (3, 3), padding="SAME", rngs=rngs)
+        self.conv = nnx.Conv(in_features, out_features, (3, 3), padding="SAME", rngs=rngs,
+                             conv_general_dilated=conv_general_dilated)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return nnx.relu(self.conv(x))

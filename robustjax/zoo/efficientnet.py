@@ -36,6 +36,7 @@ from robustjax.zoo.mobilenet_v2 import (
     feature_indices,
     make_divisible,
 )
+from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.resnet_layers import global_average_pool
 
@@ -67,8 +68,10 @@ class SqueezeExcitation(nnx.Module):
     that have biases (torchvision's ``SqueezeExcitation``)."""
 
     def __init__(self, channels: int, squeezed: int, *, rngs: nnx.Rngs):
-        self.fc1 = nnx.Conv(channels, squeezed, (1, 1), padding="VALID", rngs=rngs)
-        self.fc2 = nnx.Conv(squeezed, channels, (1, 1), padding="VALID", rngs=rngs)
+        self.fc1 = nnx.Conv(channels, squeezed, (1, 1), padding="VALID", rngs=rngs,
+                            conv_general_dilated=conv_general_dilated)
+        self.fc2 = nnx.Conv(squeezed, channels, (1, 1), padding="VALID", rngs=rngs,
+                            conv_general_dilated=conv_general_dilated)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         scale = self.fc2(jax.nn.silu(self.fc1(x.mean(axis=(1, 2), keepdims=True))))

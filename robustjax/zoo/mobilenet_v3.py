@@ -43,6 +43,7 @@ from robustjax.zoo.mobilenet_v2 import (
     feature_indices,
     make_divisible,
 )
+from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.resnet_layers import conv, global_average_pool
 
@@ -150,7 +151,8 @@ class MobileNetV3Large(nnx.Module):
             Sequential(conv(in_features, head_features, 1, rngs=rngs), batch_norm(head_features, rngs),
                        jax.nn.hard_swish),
             keepdims_average_pool,
-            nnx.Conv(head_features, last_features, (1, 1), padding="VALID", rngs=rngs),
+            nnx.Conv(head_features, last_features, (1, 1), padding="VALID", rngs=rngs,
+                     conv_general_dilated=conv_general_dilated),
             jax.nn.hard_swish,
         ]
         self.features = Sequential(*layers)

@@ -21,6 +21,7 @@ from flax import nnx
 from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.resnet_layers import batch_norm, conv, global_average_pool
 
@@ -69,7 +70,8 @@ class RepVGGDeployBlock(nnx.Module):
 
     def __init__(self, in_features: int, out_features: int, stride: int, *, rngs: nnx.Rngs):
         self.rbr_reparam = nnx.Conv(in_features, out_features, (3, 3), strides=stride,
-                                    padding=((1, 1), (1, 1)), use_bias=True, rngs=rngs)
+                                    padding=((1, 1), (1, 1)), use_bias=True, rngs=rngs,
+                                    conv_general_dilated=conv_general_dilated)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return nnx.relu(self.rbr_reparam(x))

@@ -10,6 +10,7 @@ import numpy as np
 from flax import nnx
 
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.layers import conv_general_dilated
 
 
 def batch_norm(features: int, rngs: nnx.Rngs) -> nnx.BatchNorm:
@@ -37,7 +38,8 @@ def conv(
     if isinstance(pad, int):
         pad = ((pad, pad), (pad, pad))
     return nnx.Conv(in_features, out_features, (kernel, kernel), strides=stride, padding=pad,
-                    feature_group_count=groups, use_bias=False, rngs=rngs)
+                    feature_group_count=groups, use_bias=False, rngs=rngs,
+                    conv_general_dilated=conv_general_dilated)
 
 
 class ConvBN(nnx.Module):

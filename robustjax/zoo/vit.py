@@ -31,6 +31,7 @@ from jaxtyping import Array, Float
 from robustjax.checks import check_positive_float, check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 
 # timm's pretrained_cfg: the augreg ViT weights expect inputs scaled to [-1, 1]; DeiT the
@@ -62,7 +63,7 @@ class PatchEmbed(nnx.Module):
     def __init__(self, in_features: int, features: int, patch_size: int, *, flatten: bool,
                  norm_epsilon: float | None = None, rngs: nnx.Rngs):
         self.proj = nnx.Conv(in_features, features, (patch_size, patch_size), strides=patch_size,
-                             padding="VALID", rngs=rngs)
+                             padding="VALID", rngs=rngs, conv_general_dilated=conv_general_dilated)
         self.norm = None if norm_epsilon is None else layer_norm(features, norm_epsilon, rngs)
         self.flatten = flatten
 
