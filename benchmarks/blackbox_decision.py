@@ -9,7 +9,9 @@ on its torch model counts the images it sends, so its queries per example are kn
 robustjax then runs with ``max_queries`` equal to ART's mean queries per example, on the
 same images with the same weights. Reported per attack: wall time of each library, the
 ratio, queries per second (model evaluations of single images), success rates and median
-l2 distances. ART runs once (it is slow and its timing is stable); robustjax's time is the
+l2 distances, and the seconds ART spent inside the torch model's forward passes
+(``peer_model_seconds``): at equal queries, no implementation whose model runs as fast as
+torch's can beat ART by more than ``peer_seconds / peer_model_seconds``. ART runs once (it is slow and its timing is stable); robustjax's time is the
 median of ``--repeats`` calls after a compiling one. One JSON file per model:
 results/blackbox_decision_MODEL.BACKEND.json. ``--quick`` runs a tiny configuration to
 check that the script works (not for figures).
@@ -32,7 +34,7 @@ from art.estimators.classification import PyTorchClassifier
 
 import robustjax as rj
 from benchmarks.attacks import Setup, digits_setup, resnet18_setup
-from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call
+from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call, synchronized
 from benchmarks.torch_models import to_nchw, to_nhwc
 from robustjax.attacks.boundary import Boundary
 from robustjax.attacks.hsja import HopSkipJump
@@ -58,14 +60,35 @@ ROWS = (
 SETUPS = {"digits": (digits_setup, 16), "resnet18": (resnet18_setup, 8)}
 
 
-def art_classifier(setup: Setup, rows: list[int]) -> PyTorchClassifier:
-    """ART's wrapper of the torch twin; every forward pass adds its image count to ``rows``."""
+@dataclasses.dataclass
+class ModelCalls:
+    """What ART's forward passes cost: the images sent and the seconds spent inside them."""
+
+    rows: list[int] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+    started: float = 0.0
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.seconds = 0.0
+
+
+def art_classifier(setup: Setup, calls: ModelCalls) -> PyTorchClassifier:
+    """ART's wrapper of the torch twin; every forward pass adds its image count and its
+    duration to ``calls``."""
 
     def count_and_cast(_, args):  # ART's HopSkipJump interpolates in float64
-        rows.append(len(args[0]))
+        calls.rows.append(len(args[0]))
+        synchronized(None)
+        calls.started = time.perf_counter()
         return (args[0].float(),)
 
+    def stop_clock(*_):
+        synchronized(None)
+        calls.seconds += time.perf_counter() - calls.started
+
     setup.twin.register_forward_pre_hook(count_and_cast)
+    setup.twin.register_forward_hook(stop_clock)
     h, w, c = setup.clf.input_shape
     return PyTorchClassifier(setup.twin, loss=torch.nn.CrossEntropyLoss(), input_shape=(c, h, w),
                              nb_classes=setup.clf.num_classes, clip_values=(0.0, 1.0),
@@ -76,14 +99,14 @@ def l2(adv: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.linalg.norm((np.asarray(adv) - x).reshape(len(x), -1), axis=1)
 
 
-def measure(row: Row, setup: Setup, classifier: PyTorchClassifier, rows: list[int], repeats: int, quick: bool) -> dict:
+def measure(row: Row, setup: Setup, classifier: PyTorchClassifier, calls: ModelCalls, repeats: int, quick: bool) -> dict:
     batch = len(setup.y)
     np.random.seed(0)
-    rows.clear()
+    calls.clear()
     start = time.perf_counter()
     theirs = row.theirs(classifier, quick).generate(to_nchw(setup.x).numpy(), y=setup.y)
     theirs_s = time.perf_counter() - start
-    theirs_queries = sum(rows)
+    theirs_queries, theirs_model_s = sum(calls.rows), calls.seconds
     with torch.no_grad():
         theirs_success = classifier.predict(theirs).argmax(1) != setup.y
     budget = max(round(theirs_queries / batch), 3)
@@ -105,6 +128,7 @@ def measure(row: Row, setup: Setup, classifier: PyTorchClassifier, rows: list[in
         "robustjax_compile_s": max(first - ours_s, 0.0),
         "robustjax_seconds": ours_s,
         "peer_seconds": theirs_s,
+        "peer_model_seconds": theirs_model_s,
         "robustjax_queries": ours_queries,
         "peer_queries": theirs_queries,
         "robustjax_queries_per_s": ours_queries / ours_s,
@@ -133,9 +157,9 @@ def main() -> None:
     for model in models:
         make_setup, default_batch = SETUPS[model]
         setup = make_setup(2 if args.quick else args.batch_size or default_batch)
-        rows: list[int] = []
-        classifier = art_classifier(setup, rows)
-        results = [measure(row, setup, classifier, rows, 1 if args.quick else args.repeats, args.quick)
+        calls = ModelCalls()
+        classifier = art_classifier(setup, calls)
+        results = [measure(row, setup, classifier, calls, 1 if args.quick else args.repeats, args.quick)
                    for row in ROWS]
         for r in results:
             print(f"{r['name']:18s} queries/s robustjax {r['robustjax_queries_per_s']:10.0f}  ART "
