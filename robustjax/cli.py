@@ -44,15 +44,22 @@ def load_model(spec: str, weights: str | None = None) -> Classifier:
     return classifier
 
 
-def _metric_inputs(plan, args: argparse.Namespace) -> tuple[data.ImageDataset | None, Classifier | None]:
+def _metric_inputs(plan, args: argparse.Namespace, console: Console) -> tuple[data.ImageDataset | None, Classifier | None]:
     """The metrics section's profiling set (the plan's split of the evaluated dataset) and
-    reference model; a dataset without that split profiles nothing (reported as skipped)."""
+    reference model. A dataset without splits (.npz, image folder) or without that split
+    profiles nothing: the metrics that need neuron bounds are then reported as skipped."""
     if plan.metrics is None:
         return None, None
     reference = None if plan.metrics.reference is None else load_model(plan.metrics.reference)
+    split = plan.metrics.profile_split
+    if args.dataset != "digits" and not args.dataset.startswith("tfds:"):
+        console.print(f"note: {args.dataset} has no {split!r} split to profile neuron bounds on; "
+                      "KMNC, NBC and SNAC will be skipped", highlight=False)
+        return None, reference
     try:
-        profile = data.load(args.dataset, plan.metrics.profile_split, image_size=args.image_size, data_dir=args.data_dir)
-    except ValueError:
+        profile = data.load(args.dataset, split, image_size=args.image_size, data_dir=args.data_dir)
+    except ValueError as error:
+        console.print(f"note: no profiling set ({error}); KMNC, NBC and SNAC will be skipped", highlight=False)
         profile = None
     return profile, reference
 
@@ -63,7 +70,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     plan = load_plan(args.plan) if args.plan else default_plan(dataset.name)
     if args.num_examples is not None:
         plan = dataclasses.replace(plan, num_examples=args.num_examples)
-    profile, reference = _metric_inputs(plan, args)
+    profile, reference = _metric_inputs(plan, args, console)
     out = Path(args.out) / "report.json"
     console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
                   f"clean accuracy and {sum(len(run.entries()) for run in plan.runs)} attack run(s)"
