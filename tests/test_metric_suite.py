@@ -185,3 +185,11 @@ def test_the_digits_plan_computes_the_metrics_by_default():
     assert plan.metrics is not None and plan.metrics.reference == "digits_mlp"
     assert len(plan.metrics.corruptions) == 15 and plan.metrics.severities == (1, 2, 3, 4, 5)
     assert dataclasses.asdict(plan.metrics.attack)["eps"] == 0.1
+
+
+def test_a_model_with_nan_outputs_is_refused_before_any_metric(models, datasets):
+    model, _ = models
+    broken = model.replace(apply_fn=lambda params, x: model.apply_fn(params, x) * jnp.nan, name="nan model")
+    plan = _plan(16, num_examples=16, reference=None, corruptions=["brightness"], severities=[1])
+    with pytest.raises(ValueError, match=r"'nan model' returns NaN or infinite logits for 16 of the 16"):
+        rj.evaluation.evaluate(broken, datasets[0], plan, profile=datasets[1])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 
 import jax
@@ -327,9 +328,15 @@ def _entries(settings: dict, values: dict[str, Callable[[], float]], problems: d
             entry.update(value=None, status=problems[info.name][0], reason=problems[info.name][1])
         else:
             try:
-                entry.update(value=float(values[info.name]()), status="ok")
+                value = float(values[info.name]())
             except ValueError as error:
                 entry.update(value=None, status="undefined", reason=str(error))
+            else:
+                if math.isfinite(value):
+                    entry.update(value=value, status="ok")
+                else:
+                    entry.update(value=None, status="failed", reason=f"the value is {value}: the model's outputs "
+                                 "or activations are not finite on these examples")
         entries.append(entry)
     return entries
 

@@ -44,21 +44,28 @@ def _mean_or_none(values: np.ndarray) -> float | None:
 
 
 @jax.jit
-def _confidence_and_prediction(classifier: Classifier, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _confidence_and_prediction(classifier: Classifier, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Top softmax probability, predicted class, and whether every logit is finite."""
     logits = classifier(x)
-    return metrics.calibration.max_softmax(logits), jnp.argmax(logits, axis=-1)
+    return metrics.calibration.max_softmax(logits), jnp.argmax(logits, axis=-1), jnp.isfinite(logits).all(axis=-1)
 
 
 def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel):
     """Clean accuracy and calibration (RobustART's RMS calibration error and AURRA, and ECE),
-    and the host mask of correctly classified examples."""
-    correct, confidence = [], []
+    and the host mask of correctly classified examples. A model whose logits are not finite
+    on some example is refused: every later number would be meaningless."""
+    correct, confidence, finite = [], [], []
     with timed() as timing:
         for x, y, mask in parallel.batches(dataset, plan.num_examples):
-            top, prediction = _confidence_and_prediction(classifier, x)
+            top, prediction, batch_finite = _confidence_and_prediction(classifier, x)
             correct.append((np.asarray(prediction) == np.asarray(y))[mask])
             confidence.append(np.asarray(top)[mask])
-    correct, confidence = np.concatenate(correct), np.concatenate(confidence)
+            finite.append(np.asarray(batch_finite)[mask])
+    correct, confidence, finite = np.concatenate(correct), np.concatenate(confidence), np.concatenate(finite)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise ValueError(f"model {classifier.name!r} returns NaN or infinite logits for {bad.size} of the "
+                         f"{finite.size} evaluated examples (the first at index {bad[0]})")
     section = {
         "accuracy": float(correct.mean()),
         "num_correct": int(correct.sum()),
