@@ -128,9 +128,9 @@ class MetricsRun:
     """Settings of the 23 metrics (``evaluation.metric_suite``); defaults are the AISafety
     toolkit's (arXiv 2101.09617), except where noted.
 
-    ``attack``: the white-box attack whose adversarial examples feed the data metrics and
-    AAW, ACAC, ACTC, NTE, RGB, RIC, ENI, neuron sensitivity and uncertainty; run on
-    ``reference`` and transferred, it gives AAB. ``reference``: a model name (zoo) or
+    ``attack`` (default PGD-10, Linf, 8/255): the white-box attack whose adversarial
+    examples feed the data metrics and AAW, ACAC, ACTC, NTE, RGB, RIC, ENI, neuron
+    sensitivity and uncertainty; run on ``reference`` and transferred, it gives AAB. ``reference``: a model name (zoo) or
     ``package.module:function``; also the mCE baseline and the original model of CAV, CRR,
     CSR, CCV and COS. ``layers``: the layers whose neurons count (None: every layer the
     classifier exposes but its logits). ``ebd_directions``: None takes min(1000, pixels).
