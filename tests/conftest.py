@@ -1,5 +1,6 @@
 """Test setup: 8 simulated CPU devices (before jax is imported), shared fixtures."""
 
+import gc
 import os
 
 os.environ["XLA_FLAGS"] = " ".join(
@@ -37,3 +38,13 @@ def seeded_torch():
     except ImportError:
         return
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fresh_compilation_caches():
+    """Drops every compiled program after each test module: the whole suite in one process
+    otherwise keeps thousands of CPU executables (the large zoo models' among them) and ran
+    out of memory near its end on a 24 GiB machine."""
+    yield
+    jax.clear_caches()
+    gc.collect()
