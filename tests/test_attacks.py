@@ -176,11 +176,9 @@ def test_rolled_and_unrolled_loops_agree(digits_clf, digits_batch, key):
 def test_sharded_batch_gives_the_same_result(digits_clf, digits_batch, key):
     assert jax.device_count() == 8
     x, y = digits_batch
-    mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Auto,))
-    shard = NamedSharding(mesh, PartitionSpec("batch"))
     attack = rj.attacks.PGD(eps=0.1, steps=3)
     local = attack(digits_clf, x, y, key=key)
-    sharded = attack(digits_clf, jax.device_put(x, shard), jax.device_put(y, shard), key=key)
+    sharded = attack(digits_clf, *_sharded(x, y), key=key)
     np.testing.assert_allclose(sharded.x_adv, local.x_adv, atol=1e-6)
     np.testing.assert_array_equal(sharded.success, local.success)
 
@@ -245,8 +243,13 @@ def test_attacks_are_hashable_frozen_configs():
     assert a.params()["eps"] == 0.1
 
 
-def test_sweep_equals_separate_runs_and_keeps_the_worst_restart(digits_clf, digits_batch, key):
-    x, y = digits_batch
+def _sharded(*arrays):
+    mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Auto,))
+    return tuple(jax.device_put(a, NamedSharding(mesh, PartitionSpec("batch"))) for a in arrays)
+
+
+def test_one_program_sweep_equals_separate_runs_and_keeps_the_worst_restart(digits_clf, digits_batch, key):
+    x, y = _sharded(*digits_batch)  # a batch over several devices runs the sweep as one program
     attack = rj.attacks.PGD(eps=0.1, steps=5, random_start=False)
     grid = [0.05, 0.1, 0.2]
     swept = attack.sweep(digits_clf, x, y, key=key, eps=grid)
@@ -261,6 +264,52 @@ def test_sweep_equals_separate_runs_and_keeps_the_worst_restart(digits_clf, digi
     np.testing.assert_allclose(restarted.margin[0], margins.min(axis=0), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(restarted.success[0], (margins < 0).any(axis=0))
     assert float(threat.per_example_norm(restarted.x_adv[0] - x, "linf").max()) <= 0.1 + 1e-6
+
+
+def test_sweep_on_one_device_nests_the_epsilons(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    grid = [0.1, 0.02, 0.05]  # run in increasing order whatever the order given
+    swept = rj.attacks.PGD(eps=0.1, steps=5, random_start=False).sweep(digits_clf, x, y, key=key, eps=grid)
+    fooled_before = np.zeros(len(y), bool)
+    previous = None
+    for i in np.argsort(grid):
+        single = rj.attacks.PGD(eps=grid[i], steps=5, random_start=False)(digits_clf, x, y, key=key)
+        # An example fooled at a smaller epsilon keeps that point, at no further query.
+        np.testing.assert_array_equal(swept.success[i], fooled_before | np.asarray(single.success))
+        np.testing.assert_array_equal(swept.queries[i], np.where(fooled_before, 0, single.queries))
+        carried = swept.x_adv[previous][fooled_before] if previous is not None else x[:0]
+        np.testing.assert_array_equal(swept.x_adv[i][fooled_before], carried)
+        np.testing.assert_allclose(swept.x_adv[i][~fooled_before], np.asarray(single.x_adv)[~fooled_before], atol=1e-6)
+        assert float(threat.per_example_norm(swept.x_adv[i] - x, "linf").max()) <= grid[i] + 1e-6
+        fooled_before, previous = np.asarray(swept.success[i]), i
+    assert 0 < fooled_before.sum() < len(y), "the grid should fool some examples, not all"
+
+
+def test_sweep_on_one_device_keeps_the_first_successful_restart(digits_clf, digits_batch, key):
+    x, y = digits_batch
+    attack = rj.attacks.PGD(eps=0.1, steps=5)
+    restarted = attack.sweep(digits_clf, x, y, key=key, restarts=3)
+    first = attack(digits_clf, x, y, key=jax.random.split(key, 3)[0])  # the first restart runs on the whole batch
+    success = np.asarray(restarted.success[0])
+    assert success[np.asarray(first.success)].all()
+    np.testing.assert_array_equal(restarted.x_adv[0][np.asarray(first.success)], np.asarray(first.x_adv)[np.asarray(first.success)])
+    np.testing.assert_array_equal(restarted.queries[0][np.asarray(first.success)], np.asarray(first.queries)[np.asarray(first.success)])
+    robust = ~np.asarray(first.success)
+    assert (restarted.queries[0][robust] > np.asarray(first.queries)[robust]).all(), "later restarts ran on the rest"
+    assert (restarted.margin[0][robust] <= np.asarray(first.margin)[robust]).all()
+    assert float(threat.per_example_norm(restarted.x_adv[0] - x, "linf").max()) <= 0.1 + 1e-6
+
+
+def test_compacted_attacks_equal_the_one_program_run(digits_clf, key):
+    x, y = rj.data.digits("test").arrays(limit=64)
+    for attack in (rj.attacks.PGD(eps=0.1, steps=6), rj.attacks.PGD(eps=1.0, norm="l2", steps=6),
+                   rj.attacks.MIFGSM(eps=0.1, steps=4, random_start=True)):
+        compacted = attack(digits_clf, x, y, key=key)
+        whole = jax.jit(attack.run, static_argnums=())(digits_clf, jnp.asarray(x), jnp.asarray(y), key, None)
+        assert 0 < np.mean(whole.success) < 1 and np.ptp(np.asarray(whole.queries)) > 0, "some finish early"
+        np.testing.assert_allclose(compacted.x_adv, whole.x_adv, atol=1e-6)  # batch size may reassociate sums
+        np.testing.assert_array_equal(compacted.success, whole.success)
+        np.testing.assert_array_equal(compacted.queries, whole.queries)
 
 
 def test_sweep_compiles_once_and_refuses_bad_grids(digits_clf, digits_batch, key):

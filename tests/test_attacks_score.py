@@ -57,9 +57,11 @@ def batch(digits_batch):
 
 
 def run_counted(attack, clf, x, y, key, target=None):
-    """The attack's result and the images each example sent to the model."""
+    """The attack's result and the images each example sent to the model, from the
+    one-program run on the whole batch (inside ``jax.jit``: the batch is never compacted,
+    so each call holds every example's images; the compacted run is checked against it)."""
     _SENT.clear()
-    result = attack(clf, x, y, key=key, target=target)
+    result = jax.jit(lambda x, y, key, target: attack(clf, x, y, key=key, target=target))(x, y, key, target)
     jax.block_until_ready(result)
     jax.effects_barrier()
     return result, np.array([_SENT[i] for i in range(BATCH)])
@@ -143,7 +145,23 @@ def test_all_misclassified_costs_only_the_checks(name, counting_clf, batch):
     np.testing.assert_array_equal(result.x_adv, x)
 
 
-@pytest.mark.parametrize("name", ["square_l2", "nes_linf", "simba_pixel_targeted"])
+@pytest.mark.parametrize("name", ["square_linf", "square_l2", "square_linf_targeted"])
+def test_compacted_square_equals_the_one_program_run(name, runs, counting_clf, batch):
+    """On concrete arrays Square runs on the examples still searching only; every example's
+    randomness is its own, so the result is the counted one-program run's."""
+    result, _, target = runs[name]
+    x, y = batch
+    compacted = VARIANTS[name][0](counting_clf, x, y, key=jax.random.key(0), target=target)
+    assert 0 < int(np.ptp(np.asarray(result.queries))), "examples should finish at different times"
+    np.testing.assert_array_equal(compacted.queries, result.queries)
+    np.testing.assert_array_equal(compacted.success, result.success)
+    np.testing.assert_allclose(compacted.x_adv, result.x_adv, atol=1e-6)
+    with count_compiles() as compiles:  # each bucket size compiled once, on its first use
+        VARIANTS[name][0](counting_clf, x, y, key=jax.random.key(0), target=target)
+    assert compiles[0] == 0
+
+
+@pytest.mark.parametrize("name", ["spsa", "nes_linf", "simba_pixel_targeted"])
 def test_same_key_same_result_and_no_recompile(name, runs, counting_clf, batch):
     result, _, target = runs[name]
     x, y = batch

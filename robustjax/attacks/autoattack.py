@@ -34,6 +34,7 @@ import numpy as np
 
 from robustjax.attacks.apgd import APGD
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
+from robustjax.attacks.compaction import bucket
 from robustjax.attacks.fab import FAB
 from robustjax.attacks.square import Square
 from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int
@@ -107,7 +108,7 @@ class AutoAttack(Attack):
                 chosen = np.flatnonzero(robust)
                 if not chosen.size:
                     break
-                rows = np.resize(chosen, _bucket(chosen.size, len(labels)))  # repeats fill the bucket
+                rows = np.resize(chosen, bucket(chosen.size, len(labels), factor=4, parts=1))  # repeats fill the bucket
                 goal = None if not targets else ranked[rows, ranked.shape[-1] - 1 - k]
                 result = _stage(attack, restarts, classifier, images[rows], labels[rows], goal, stage_key)
                 success = np.asarray(result.success)[:chosen.size]
@@ -137,14 +138,6 @@ class AutoAttack(Attack):
 def _placed_like(value: jax.Array, reference) -> jax.Array:
     """``value`` with the sharding of ``reference`` (a batch sharded over devices stays so)."""
     return jax.device_put(value, reference.sharding) if isinstance(reference, jax.Array) else value
-
-
-def _bucket(count: int, batch: int) -> int:
-    """The smallest of batch, batch / 4, batch / 16, ... (rounded up) that holds ``count``."""
-    size = batch
-    while size > 1 and -(-size // 4) >= count:
-        size = -(-size // 4)
-    return size
 
 
 @jax.jit

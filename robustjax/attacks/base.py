@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from robustjax.checks import check_batch, check_nonnegative_float, check_positive_int
@@ -59,7 +60,7 @@ class Attack(abc.ABC):
         target: Int[Array, " b"] | None = None,
     ) -> AttackResult:
         self.validate(classifier, x, y, key, target)
-        return _run(self, classifier, *_as_arrays(x, y, target), key)
+        return _run(self, classifier, *as_arrays(x, y, target), key)
 
     def validate(self, classifier, x, y, key, target) -> None:
         """Host-side checks of a call's arguments, before anything is traced."""
@@ -90,6 +91,11 @@ class Attack(abc.ABC):
         margin (a successful one whenever any succeeded). ``queries`` adds up all restarts.
         ``eps=None`` sweeps only the attack's own epsilon.
         """
+        grid = self.check_sweep(classifier, x, y, key, eps, restarts, target)
+        return _sweep(self, restarts, classifier, *as_arrays(x, y, target), key, jnp.asarray(grid, jnp.float32))
+
+    def check_sweep(self, classifier, x, y, key, eps, restarts, target) -> np.ndarray:
+        """Validates a :meth:`sweep` call; returns its epsilons."""
         if not any(f.name == "eps" for f in dataclasses.fields(self)):
             raise ValueError(f"attack {self.name!r} has no eps to sweep")
         grid = (self.eps,) if eps is None else tuple(eps)
@@ -99,7 +105,7 @@ class Attack(abc.ABC):
             check_nonnegative_float(value, "every eps")
         check_positive_int(restarts, "restarts")
         self.validate(classifier, x, y, key, target)
-        return _sweep(self, restarts, classifier, *_as_arrays(x, y, target), key, jnp.asarray(grid, jnp.float32))
+        return np.asarray(grid, np.float32)
 
     @abc.abstractmethod
     def run(self, classifier: Classifier, x, y, key, target) -> AttackResult:
@@ -110,7 +116,7 @@ class Attack(abc.ABC):
         return dataclasses.asdict(self)
 
 
-def _as_arrays(x, y, target) -> tuple:
+def as_arrays(x, y, target) -> tuple:
     """Validated inputs as JAX arrays: float images, int32 labels and targets."""
     return jnp.asarray(x), jnp.asarray(y, jnp.int32), None if target is None else jnp.asarray(target, jnp.int32)
 

@@ -1,23 +1,28 @@
-"""The shared driver of iterative gradient attacks (PGD, MI-FGSM, ...).
+"""The shared loop of iterative gradient attacks (PGD, MI-FGSM, ...).
 
-One ``lax.fori_loop`` over the steps; each step evaluates the objective and its gradient
-at the current iterate, then moves every example that is still active. With
-``early_stop`` an example freezes at its first successful iterate, which is what it
-returns: finished examples are masked, so shapes (and the compiled program) never change.
+Each step evaluates the objective and its gradient at the current iterate, then moves every
+example that is still active. With ``early_stop`` an example freezes at its first
+successful iterate, which is what it returns. :meth:`GradientAscent.run` is one
+``lax.fori_loop`` over all steps (finished examples masked, so the compiled program never
+changes); on concrete arrays the same steps run in segments on the examples not yet
+finished (:mod:`robustjax.attacks.compaction`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import abc
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from robustjax.attacks import threat
+from robustjax.attacks.base import AttackResult, finalize
+from robustjax.attacks.compaction import Segmented
 from robustjax.losses import attack_cross_entropy, attack_margin
 
-# update(step_index, x_adv, grad, carry) -> (x_next, carry_next)
-Update = Callable[[jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+# Number of segments the steps are split into when the loop runs compacted.
+SEGMENTS = 10
 
 
 def resolve_unroll(unroll: int | bool | None) -> int | bool:
@@ -33,32 +38,89 @@ def _per_example(mask: jax.Array, like: jax.Array) -> jax.Array:
     return mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim))
 
 
-def gradient_ascent(
-    classifier, x, y, target, x_start, *, steps: int, update: Update, carry: Any,
-    early_stop: bool, unroll: int | bool | None, objective=attack_cross_entropy,
-) -> tuple[jax.Array, jax.Array]:
-    """Runs ``steps`` masked ascent steps from ``x_start`` on ``objective``.
+class AscentState(NamedTuple):
+    """The loop state: the next step's index (shared), the iterates, the update's carry,
+    which examples succeeded, and the gradient evaluations spent per example."""
 
-    Returns the final (or first successful) iterates and the per-example number of
-    gradient evaluations spent.
+    step: jax.Array
+    x_adv: jax.Array
+    carry: Any
+    done: jax.Array
+    queries: jax.Array
+
+
+class GradientAscent(Segmented):
+    """Masked ascent on :meth:`objective` from :meth:`x_start`, moved by :meth:`update`.
+
+    Subclasses are dataclasses with the fields ``eps``, ``norm``, ``steps``,
+    ``random_start``, ``early_stop`` and ``unroll``.
     """
 
-    def loss_and_logits(images):
-        logits = classifier(images)
-        return objective(logits, y, target).sum(), logits
+    eps: float
+    norm: str
+    steps: int
+    random_start: bool
+    early_stop: bool
+    unroll: int | bool | None
 
-    def step(i, state):
-        x_adv, carry, done, queries = state
-        grad, logits = jax.grad(loss_and_logits, has_aux=True)(x_adv)
-        queries = queries + (~done).astype(jnp.int32)
-        if early_stop:
-            done = done | (attack_margin(logits, y, target) < 0)
-        x_next, carry_next = update(i, x_adv, grad, carry)
-        x_adv = jnp.where(_per_example(done, x_adv), x_adv, x_next)
-        carry = jax.tree.map(lambda new, old: jnp.where(_per_example(done, new), old, new), carry_next, carry)
-        return x_adv, carry, done, queries
+    def x_start(self, key, x) -> jax.Array:
+        """The first iterate: uniform in the threat ball with ``random_start``, else ``x``."""
+        return threat.random_start(key, x, self.eps, self.norm) if self.random_start else x
 
-    batch = x.shape[0]
-    init = (x_start, carry, jnp.zeros(batch, bool), jnp.zeros(batch, jnp.int32))
-    x_adv, _, _, queries = jax.lax.fori_loop(0, steps, step, init, unroll=resolve_unroll(unroll))
-    return x_adv, queries
+    @abc.abstractmethod
+    def initial_carry(self, x) -> Any:
+        """The update's carry before the first step (per-example leaves)."""
+
+    @abc.abstractmethod
+    def update(self, x, step, x_adv, grad, carry) -> tuple[jax.Array, Any]:
+        """The next iterate and carry from the gradient at ``x_adv``."""
+
+    def objective(self, logits, y, target) -> jax.Array:
+        """Per-example loss the attack ascends."""
+        return attack_cross_entropy(logits, y, target)
+
+    @property
+    def compactable(self) -> bool:
+        return self.early_stop
+
+    def start(self, classifier, x, y, key, target) -> AscentState:
+        batch = x.shape[0]
+        return AscentState(step=jnp.zeros((), jnp.int32), x_adv=self.x_start(key, x), carry=self.initial_carry(x),
+                           done=jnp.zeros(batch, bool), queries=jnp.zeros(batch, jnp.int32))
+
+    def active(self, state: AscentState) -> jax.Array:
+        return ~state.done & (state.step < self.steps)
+
+    def _step(self, classifier, x, y, target):
+        def loss_and_logits(images):
+            logits = classifier(images)
+            return self.objective(logits, y, target).sum(), logits
+
+        def step(_, s: AscentState) -> AscentState:
+            running = self.active(s)
+            grad, logits = jax.grad(loss_and_logits, has_aux=True)(s.x_adv)
+            done = s.done | (running & (attack_margin(logits, y, target) < 0)) if self.early_stop else s.done
+            x_next, carry_next = self.update(x, s.step, s.x_adv, grad, s.carry)
+            moving = running & ~done
+            return AscentState(
+                step=s.step + 1,
+                x_adv=jnp.where(_per_example(moving, x_next), x_next, s.x_adv),
+                carry=jax.tree.map(lambda new, old: jnp.where(_per_example(moving, new), new, old), carry_next, s.carry),
+                done=done,
+                queries=s.queries + running.astype(jnp.int32),
+            )
+
+        return step
+
+    def advance(self, classifier, x, y, target, state: AscentState) -> AscentState:
+        length = -(-self.steps // SEGMENTS)
+        return jax.lax.fori_loop(0, length, self._step(classifier, x, y, target), state,
+                                 unroll=resolve_unroll(self.unroll))
+
+    def finish(self, classifier, x, y, target, state: AscentState) -> AttackResult:
+        return finalize(classifier, state.x_adv, y, target, state.queries)
+
+    def run(self, classifier, x, y, key, target) -> AttackResult:
+        state = jax.lax.fori_loop(0, self.steps, self._step(classifier, x, y, target),
+                                  self.start(classifier, x, y, key, target), unroll=resolve_unroll(self.unroll))
+        return self.finish(classifier, x, y, target, state)

@@ -14,8 +14,8 @@ import dataclasses
 import jax.numpy as jnp
 
 from robustjax.attacks import threat
-from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
-from robustjax.attacks.loop import gradient_ascent
+from robustjax.attacks.base import register_attack
+from robustjax.attacks.loop import GradientAscent
 from robustjax.attacks.pgd import check_iterative
 from robustjax.checks import check_nonnegative_float
 
@@ -24,7 +24,7 @@ _TINY = 1e-12
 
 @register_attack("mifgsm")
 @dataclasses.dataclass(frozen=True)
-class MIFGSM(Attack):
+class MIFGSM(GradientAscent):
     """MI-FGSM in the linf, l2 or l1 ball of radius ``eps``.
 
     Attributes:
@@ -52,18 +52,11 @@ class MIFGSM(Attack):
     def alpha(self) -> float:
         return self.eps / self.steps if self.step_size is None else self.step_size
 
-    def run(self, classifier, x, y, key, target) -> AttackResult:
-        x_start = threat.random_start(key, x, self.eps, self.norm) if self.random_start else x
+    def initial_carry(self, x):
+        return jnp.zeros_like(x)
 
-        def update(_, x_adv, grad, momentum):
-            l1 = jnp.sum(jnp.abs(grad), axis=tuple(range(1, grad.ndim)), keepdims=True)
-            momentum = self.decay * momentum + grad / (l1 + _TINY)
-            step = threat.ascent_step(
-                x, x_adv, momentum, self.alpha, self.eps, self.norm, threat.l1_count(self.l1_sparsity, x))
-            return step, momentum
-
-        x_adv, queries = gradient_ascent(
-            classifier, x, y, target, x_start, steps=self.steps, update=update,
-            carry=jnp.zeros_like(x), early_stop=self.early_stop, unroll=self.unroll,
-        )
-        return finalize(classifier, x_adv, y, target, queries)
+    def update(self, x, step, x_adv, grad, momentum):
+        l1 = jnp.sum(jnp.abs(grad), axis=tuple(range(1, grad.ndim)), keepdims=True)
+        momentum = self.decay * momentum + grad / (l1 + _TINY)
+        return threat.ascent_step(
+            x, x_adv, momentum, self.alpha, self.eps, self.norm, threat.l1_count(self.l1_sparsity, x)), momentum

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 
 from robustjax.attacks import threat
-from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
-from robustjax.attacks.loop import gradient_ascent
+from robustjax.attacks.base import register_attack
+from robustjax.attacks.loop import GradientAscent
 from robustjax.checks import check_choice, check_in_interval, check_nonnegative_float, check_positive_int
 
 
@@ -39,7 +39,7 @@ def check_iterative(attack) -> None:
 
 @register_attack("pgd")
 @dataclasses.dataclass(frozen=True)
-class PGD(Attack):
+class PGD(GradientAscent):
     """PGD in the linf, l2 or l1 ball of radius ``eps``.
 
     Attributes:
@@ -70,14 +70,8 @@ class PGD(Attack):
     def alpha(self) -> float:
         return 2.5 * self.eps / self.steps if self.step_size is None else self.step_size
 
-    def run(self, classifier, x, y, key, target) -> AttackResult:
-        x_start = threat.random_start(key, x, self.eps, self.norm) if self.random_start else x
+    def initial_carry(self, x):
+        return ()
 
-        def update(_, x_adv, grad, carry):
-            return threat.ascent_step(x, x_adv, grad, self.alpha, self.eps, self.norm, threat.l1_count(self.l1_sparsity, x)), carry
-
-        x_adv, queries = gradient_ascent(
-            classifier, x, y, target, x_start, steps=self.steps, update=update, carry=(),
-            early_stop=self.early_stop, unroll=self.unroll,
-        )
-        return finalize(classifier, x_adv, y, target, queries)
+    def update(self, x, step, x_adv, grad, carry):
+        return threat.ascent_step(x, x_adv, grad, self.alpha, self.eps, self.norm, threat.l1_count(self.l1_sparsity, x)), carry

@@ -41,6 +41,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from robustjax.attacks.base import AttackResult, finalize, register_attack
+from robustjax.attacks.compaction import Segmented
 from robustjax.attacks.score import ScoreAttack, per_example, query, select
 from robustjax.checks import check_choice, check_in_interval, check_nonnegative_float
 from robustjax.losses import attack_cross_entropy, attack_margin
@@ -220,7 +221,8 @@ def l2_proposal(key: jax.Array, x, x_best, eps, side) -> Float[Array, "b h w c"]
 
 
 class _State(NamedTuple):
-    iteration: jax.Array
+    iteration: jax.Array  # shared by the examples still searching
+    keys: jax.Array  # per example: its proposals' randomness
     x_best: jax.Array
     margin: jax.Array
     loss: jax.Array
@@ -230,7 +232,7 @@ class _State(NamedTuple):
 
 @register_attack("square")
 @dataclasses.dataclass(frozen=True)
-class Square(ScoreAttack):
+class Square(ScoreAttack, Segmented):
     """Square Attack in the linf or l2 ball of radius ``eps`` (defaults: AutoAttack's).
 
     Attributes:
@@ -274,38 +276,51 @@ class Square(ScoreAttack):
             return attack_margin(logits, y, target)
         return -attack_cross_entropy(logits, y, target)
 
-    def run(self, classifier, x, y, key, target) -> AttackResult:
+    @property
+    def segment_length(self) -> int:
+        """Iterations between two compactions of the batch (a hundredth of the budget)."""
+        return max(10, -(-self.max_queries // 100))
+
+    def start(self, classifier, x, y, key, target) -> _State:
         start_key, loop_key = jax.random.split(key)
-        start, propose = (linf_start, linf_proposal) if self.norm == "linf" else (l2_start, l2_proposal)
+        start = linf_start if self.norm == "linf" else l2_start
         clean_margin = attack_margin(classifier(x), y, target)  # the clean check: one query
-        queries = jnp.ones(x.shape[0], jnp.int32)
         attacked = clean_margin >= 0
         x_start = start(start_key, x, self.eps)
         logits = query(classifier, x_start, attacked)
-        init = _State(
+        margin = jnp.where(attacked, attack_margin(logits, y, target), clean_margin)
+        return _State(
             iteration=jnp.zeros((), jnp.int32),
+            keys=jax.random.split(loop_key, x.shape[0]),
             x_best=select(attacked, x_start, x),
-            margin=jnp.where(attacked, attack_margin(logits, y, target), clean_margin),
+            margin=margin,
             loss=self.objective(logits, y, target),
-            done=~attacked,
-            queries=queries + attacked,
+            done=margin < 0,
+            queries=1 + attacked.astype(jnp.int32),
         )
-        init = init._replace(done=init.margin < 0)
+
+    def active(self, s: _State) -> jax.Array:
+        return ~s.done & (s.queries <= self.max_queries - 2)  # room for a query and the final check
+
+    def advance(self, classifier, x, y, target, state: _State) -> _State:
+        propose = linf_proposal if self.norm == "linf" else l2_proposal
         starts = jnp.asarray(halving_starts(self.max_queries))
         sides = jnp.asarray(square_sides(self.p_init, x.shape[1], x.shape[2], self.norm))
+        end = state.iteration + self.segment_length
 
-        def active(s: _State):
-            return ~s.done & (s.queries <= self.max_queries - 2)  # room for a query and the final check
+        def one_proposal(key, image, best, side):
+            return propose(key, image[None], best[None], self.eps, side)[0]
 
         def step(s: _State) -> _State:
             side = sides[jnp.sum(s.iteration >= starts)]
-            candidate = propose(jax.random.fold_in(loop_key, s.iteration), x, s.x_best, self.eps, side)
-            moving = active(s)
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(s.keys, s.iteration)
+            candidate = jax.vmap(one_proposal, in_axes=(0, 0, 0, None))(keys, x, s.x_best, side)
+            moving = self.active(s)
             logits = query(classifier, candidate, moving)
             margin, loss = attack_margin(logits, y, target), self.objective(logits, y, target)
             better = moving & (loss < s.loss)
             accept = better | (moving & (margin < 0))
-            return _State(
+            return s._replace(
                 iteration=s.iteration + 1,
                 x_best=select(accept, candidate, s.x_best),
                 margin=jnp.where(accept, margin, s.margin),
@@ -314,5 +329,7 @@ class Square(ScoreAttack):
                 queries=s.queries + moving,
             )
 
-        s = jax.lax.while_loop(lambda s: active(s).any(), step, init)
-        return finalize(classifier, s.x_best, y, target, s.queries)
+        return jax.lax.while_loop(lambda s: (s.iteration < end) & self.active(s).any(), step, state)
+
+    def finish(self, classifier, x, y, target, state: _State) -> AttackResult:
+        return finalize(classifier, state.x_best, y, target, state.queries)
