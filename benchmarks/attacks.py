@@ -4,15 +4,24 @@
                                  [--attacks NAME,...] [--out DIR]
 
 Both libraries attack the same images with the same architecture and weights, on the same
-device (the GPU when JAX runs on one). The digits
-CNN uses its trained weights on digits images (batch 256); the ResNet-18 uses random
-weights on uniform random images labelled with its own predictions (batch 128), which is
-enough for throughput. Iterative attacks run every step (no early stop). A grid row runs
-the ``GRID`` multiples of the model's epsilon: robustjax as one vmapped ``sweep`` call,
-torchattacks as 8 runs; an image counts once per whole grid. CW-L2 runs 5 binary-search
-steps of 100 Adam steps; torchattacks' CW has no search, so it runs 5 times (c = 0.01 to
-100) for the same 500 gradient evaluations. One JSON file per model:
-results/attacks_MODEL.BACKEND.json.
+device (the GPU when JAX runs on one). The digits CNN uses its trained weights on digits
+images (batch 256); the ResNet-18 uses random weights on uniform random images labelled
+with its own predictions (batch 128), which is enough for throughput. Iterative attacks run
+every step (no early stop) unless the row name says otherwise. A grid row runs the ``GRID``
+multiples of the model's epsilon: robustjax as one ``sweep`` call, torchattacks as 8 runs;
+an image counts once per whole grid.
+
+The ``_early_stop`` and ``_nested`` rows run robustjax's defaults instead: each example
+stops at its first successful step and only unfinished examples are computed
+(compaction); the grid is a nested search (an example fooled at one epsilon is not
+attacked at larger ones). torchattacks, which has no early stop, runs every step of every
+example: these rows compare how long each library's PGD takes to give its robust accuracy,
+and the JSON records both success rates (at equal randomness robustjax's can only be
+higher: it keeps any successful step, torchattacks only the last).
+
+CW-L2 runs 5 binary-search steps of 100 Adam steps; torchattacks' CW has no search, so it
+runs 5 times (c = 0.01 to 100) for the same 500 gradient evaluations. One JSON file per
+model: results/attacks_MODEL.BACKEND.json.
 
 An attack is one line of ``ROWS``: its name, ``eps -> robustjax attack`` and
 ``(torch model, eps) -> torchattacks attacks`` (a list, run one after the other).
@@ -40,8 +49,8 @@ STEPS = 20
 GRID = tuple(k / 4 for k in range(1, 9))  # 8 epsilons, 0.25 to 2 times the model's eps
 
 
-def pgd(norm: str) -> Callable[[float], rj.attacks.Attack]:
-    return lambda eps: rj.attacks.PGD(eps=eps, norm=norm, steps=STEPS, early_stop=False)
+def pgd(norm: str, early_stop: bool = False) -> Callable[[float], rj.attacks.Attack]:
+    return lambda eps: rj.attacks.PGD(eps=eps, norm=norm, steps=STEPS, early_stop=early_stop)
 
 
 def torch_pgd(cls: type) -> Callable[[nn.Module, float], list]:
@@ -73,6 +82,9 @@ ROWS = (
     Row("apgd_ce100", lambda eps: rj.attacks.APGD(eps=eps, loss="ce", steps=100),
         lambda model, eps: [torchattacks.APGD(model, eps=eps, steps=100, loss="ce", n_restarts=1)]),
     Row("pgd20_linf_grid8", pgd("linf"), torch_pgd(torchattacks.PGD), grid=True),
+    Row("pgd20_linf_early_stop", pgd("linf", early_stop=True), torch_pgd(torchattacks.PGD)),
+    Row("pgd20_l2_early_stop", pgd("l2", early_stop=True), torch_pgd(torchattacks.PGDL2), norm="l2"),
+    Row("pgd20_linf_grid8_nested", pgd("linf", early_stop=True), torch_pgd(torchattacks.PGD), grid=True),
 )
 
 
