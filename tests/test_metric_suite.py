@@ -123,6 +123,19 @@ def test_missing_inputs_are_reported_as_skipped_with_a_reason(models, datasets):
     jsonschema.validate(report, schema())
 
 
+def test_a_profiling_set_of_another_image_size_is_skipped_by_name(models, datasets):
+    model, _ = models
+    x, y = datasets[1].arrays(limit=8)
+    larger = rj.data.from_arrays(np.pad(x, ((0, 0), (4, 4), (4, 4), (0, 0))), y, name="padded digits", num_classes=10)
+    plan = _plan(20, num_examples=20, reference=None, corruptions=["brightness"], severities=[1])
+    entries = _by_name(rj.evaluation.evaluate(model, datasets[0], plan, profile=larger))
+    for name in ("KMNC", "NBC", "SNAC"):
+        assert entries[name]["status"] == "skipped"
+        assert "'padded digits' holds images of shape (16, 16, 1)" in entries[name]["reason"]
+        assert "takes (8, 8, 1)" in entries[name]["reason"]
+    assert entries["TKNC"]["status"] == "ok"
+
+
 def test_a_metric_undefined_on_the_data_has_no_value_but_a_reason(models, datasets):
     model, reference = models
     x, y = datasets[0].arrays(limit=40)

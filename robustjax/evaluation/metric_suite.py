@@ -389,6 +389,10 @@ def metrics_section(
         if profile is None:
             problems |= {name: ("skipped", "needs a profiling set for the neuron bounds (plan: metrics.profile_split)")
                          for name in _BOUNDED}
+        elif tuple(profile.image_shape) != tuple(classifier.input_shape):
+            reason = (f"the profiling set {profile.name!r} holds images of shape {tuple(profile.image_shape)}; "
+                      f"model {classifier.name!r} takes {tuple(classifier.input_shape)}")
+            problems |= {name: ("skipped", reason) for name in _BOUNDED}
         else:
             try:
                 bounds = _profile_bounds(run, widths, classifier, profile, parallel)
