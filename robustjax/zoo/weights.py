@@ -56,7 +56,8 @@ def _keys_like(expected, stored):
 
 
 def load_weights(path: str | Path, state: nnx.State) -> nnx.State:
-    """``state`` with its arrays replaced by those stored at ``path``."""
+    """A copy of ``state`` with its arrays replaced by those stored at ``path`` (``state``
+    itself is left as it was)."""
     path = Path(path).resolve()
     if not path.is_dir():
         raise ValueError(f"no weights at {str(path)!r}")
@@ -66,5 +67,6 @@ def load_weights(path: str | Path, state: nnx.State) -> nnx.State:
     stored = _keys_like(expected, stored)
     check_compatible(expected, stored, str(path))
     stored = jax.tree.map(lambda e, s: np.asarray(s, dtype=np.asarray(e).dtype), expected, stored)
-    nnx.replace_by_pure_dict(state, stored)
-    return state
+    restored = jax.tree.map(lambda leaf: leaf, state)  # a new State: the caller's is not modified
+    nnx.replace_by_pure_dict(restored, stored)
+    return restored
