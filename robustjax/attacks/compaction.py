@@ -8,10 +8,11 @@ ladder of a few sizes, see :func:`bucket`, each compiled once), as torchattacks'
 the AutoAttack authors' code run only the examples not yet fooled. A batch spread over
 several devices keeps the one-program run, which XLA spreads over them.
 
-A segment's randomness never depends on which examples share the batch (Square gives each
-example its own key; PGD's random start is drawn on the whole batch, before any
-compaction), so the result equals the one-program run of :meth:`Segmented.run` (up to
-floating-point reassociation in the model on batches of another size).
+A segment's randomness never depends on which examples share the batch (the score attacks
+give each example its own key; PGD's random start is drawn on the whole batch, before any
+compaction), so the result equals the one-program run of :meth:`Segmented.run`, up to
+the model's floating-point rounding on batches of another size (a few 1e-6 in the logits
+on the CPU, which the finite-difference steps of SPSA and NES can magnify to about 1e-5).
 
 State convention: a pytree whose leaves of rank 0 are shared by all examples (an iteration
 counter, the same for every active example) and whose other leaves are per example, with

@@ -7,8 +7,9 @@ estimate of its gradient at the current point ``x'``, from ``n`` antithetic Gaus
 
     g = 1 / (2 n sigma) * sum_{k=1}^{n} (f(x' + sigma u_k) - f(x' - sigma u_k)) u_k
 
-(``2 n`` queries). As in the authors' code, the step direction is a momentum average
-``m <- beta m + (1 - beta) g``, and the probe points are not clipped to [0, 1]. A PGD
+(``2 n`` queries; each example draws its ``u_k`` from a key of its own). As in the
+authors' code, the step direction is a momentum average ``m <- beta m + (1 - beta) g``,
+and the probe points are not clipped to [0, 1]. A PGD
 step moves along ``sign(m)`` (linf) or ``m / ||m||_2`` (l2), projects onto the eps-ball
 and [0, 1], and queries the new point once: an example stops at its first successful
 point. The result is the queried point of lowest margin.
@@ -30,10 +31,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Key
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize, register_attack
+from robustjax.attacks.compaction import Segmented
 from robustjax.attacks.score import ScoreAttack, per_candidate, query, select
 from robustjax.checks import (
     check_choice,
@@ -48,17 +50,21 @@ NORMS = ("linf", "l2")
 LOSSES = ("margin", "ce")
 
 
-def nes_gradient(f, key: jax.Array, x: Float[Array, "b h w c"], sigma, samples: int) -> Float[Array, "b h w c"]:
+def nes_gradient(
+    f, keys: Key[Array, " b"], x: Float[Array, "b h w c"], sigma, samples: int
+) -> Float[Array, "b h w c"]:
     """The antithetic NES estimate of the gradient of ``f`` at ``x`` from ``samples``
-    Gaussian pairs per example; ``f`` maps candidates (B, m, H, W, C) to values (B, m)."""
-    u = jax.random.normal(key, (x.shape[0], samples) + x.shape[1:], x.dtype)
+    Gaussian pairs per example, drawn from that example's key of ``keys`` (B,); ``f``
+    maps candidates (B, m, H, W, C) to values (B, m)."""
+    u = jax.vmap(lambda key: jax.random.normal(key, (samples,) + x.shape[1:], x.dtype))(keys)
     values = f(x[:, None] + sigma * jnp.concatenate([u, -u], axis=1))
     difference = values[:, :samples] - values[:, samples:]
     return jnp.mean(difference.reshape(difference.shape + (1,) * (x.ndim - 1)) * u, axis=1) / (2.0 * sigma)
 
 
 class _State(NamedTuple):
-    iteration: jax.Array
+    iteration: jax.Array  # shared by the examples still searching
+    keys: jax.Array  # per example: its estimates' randomness
     x_adv: jax.Array
     momentum: jax.Array
     x_best: jax.Array
@@ -69,7 +75,7 @@ class _State(NamedTuple):
 
 @register_attack("nes")
 @dataclasses.dataclass(frozen=True)
-class NES(ScoreAttack):
+class NES(ScoreAttack, Segmented):
     """NES gradient estimation with PGD steps in the linf or l2 ball of radius ``eps``.
 
     Attributes:
@@ -123,25 +129,46 @@ class NES(ScoreAttack):
             return attack_cross_entropy(logits, y, target)
         return -attack_margin(logits, y, target)
 
-    def run(self, classifier, x, y, key, target) -> AttackResult:
+    @property
+    def segment_length(self) -> int:
+        """Iterations between two compactions of the batch (a hundredth of the most an
+        example can make; an iteration is ``2 * samples + 1`` model images per example)."""
+        iterations = (self.max_queries - 2) // self.queries_per_iteration
+        return max(1, -(-iterations // 100))
+
+    def start(self, classifier, x, y, key, target) -> _State:
         clean_margin = attack_margin(classifier(x), y, target)  # the clean check: one query
-        queries = jnp.ones(x.shape[0], jnp.int32)
-        def active(s: _State):
-            return ~s.done & (s.queries <= self.max_queries - self.queries_per_iteration - 1)
+        attacked = clean_margin >= 0
+        return _State(
+            iteration=jnp.zeros((), jnp.int32),
+            keys=jax.random.split(key, x.shape[0]),
+            x_adv=x,
+            momentum=jnp.zeros_like(x),
+            x_best=x,
+            margin=jnp.where(attacked, jnp.inf, clean_margin),
+            done=~attacked,
+            queries=jnp.ones(x.shape[0], jnp.int32),
+        )
+
+    def active(self, s: _State) -> jax.Array:
+        return ~s.done & (s.queries <= self.max_queries - self.queries_per_iteration - 1)
+
+    def advance(self, classifier, x, y, target, state: _State) -> _State:
+        end = state.iteration + self.segment_length
 
         def step(s: _State) -> _State:
-            moving = active(s)
+            moving = self.active(s)
 
             def objective(probes):
                 return per_candidate(self.objective, query(classifier, probes, moving), y, target)
 
-            step_key = jax.random.fold_in(key, s.iteration)
-            estimate = nes_gradient(objective, step_key, s.x_adv, self.sigma, self.samples)
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(s.keys, s.iteration)
+            estimate = nes_gradient(objective, keys, s.x_adv, self.sigma, self.samples)
             momentum = self.momentum * s.momentum + (1.0 - self.momentum) * estimate
             x_adv = threat.ascent_step(x, s.x_adv, momentum, self.alpha, self.eps, self.norm, None)
             margin = attack_margin(query(classifier, x_adv, moving), y, target)
             better = moving & (margin < s.margin)
-            return _State(
+            return s._replace(
                 iteration=s.iteration + 1,
                 x_adv=select(moving, x_adv, s.x_adv),
                 momentum=select(moving, momentum, s.momentum),
@@ -151,15 +178,7 @@ class NES(ScoreAttack):
                 queries=s.queries + moving * self.queries_per_iteration,
             )
 
-        attacked = clean_margin >= 0
-        init = _State(
-            iteration=jnp.zeros((), jnp.int32),
-            x_adv=x,
-            momentum=jnp.zeros_like(x),
-            x_best=x,
-            margin=jnp.where(attacked, jnp.inf, clean_margin),
-            done=~attacked,
-            queries=queries,
-        )
-        s = jax.lax.while_loop(lambda s: active(s).any(), step, init)
-        return finalize(classifier, s.x_best, y, target, s.queries)
+        return jax.lax.while_loop(lambda s: (s.iteration < end) & self.active(s).any(), step, state)
+
+    def finish(self, classifier, x, y, target, state: _State) -> AttackResult:
+        return finalize(classifier, state.x_best, y, target, state.queries)

@@ -15,7 +15,8 @@ Bases: ``"pixel"``, the standard basis in a uniform random order; ``"dct"``, the
 orthonormal 2-D DCT-II basis of each channel (``jax.scipy.fft.idctn``), low frequencies
 first in the authors' strided block order: the ``freq_dims x freq_dims`` lowest
 frequencies of every channel in random order, then, ring by ring of width ``stride``, the
-next higher ones. The order is drawn per example. Defaults: the authors' step size ``h = 0.2``;
+next higher ones. The order is drawn per example, from a key of its own (so it does not
+depend on the other examples of the batch). Defaults: the authors' step size ``h = 0.2``;
 ART's ``freq_dims = 4``, ``stride = 1``.
 """
 
@@ -27,9 +28,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Int, Key
 
 from robustjax.attacks.base import AttackResult, finalize, register_attack
+from robustjax.attacks.compaction import Segmented
 from robustjax.attacks.score import ScoreAttack, query, select
 from robustjax.checks import check_choice, check_positive_float, check_positive_int
 from robustjax.losses import attack_margin
@@ -46,15 +48,20 @@ def frequency_rings(height: int, width: int, channels: int, freq_dims: int, stri
     return np.broadcast_to(ring[:, :, None], (height, width, channels))
 
 
-def basis_order(key: jax.Array, batch: int, rings: np.ndarray) -> Int[Array, "b n"]:
-    """Per example, the flat coefficient indices by increasing ring, uniformly shuffled
-    within each ring."""
+def basis_order(keys: Key[Array, " b"], rings: np.ndarray) -> Int[Array, "b n"]:
+    """Per example, from its key of ``keys`` (B,), the flat coefficient indices by
+    increasing ring, uniformly shuffled within each ring."""
     flat = jnp.asarray(rings.reshape(-1), jnp.float32)
-    return jnp.argsort(flat + jax.random.uniform(key, (batch, flat.size)), axis=1).astype(jnp.int32)
+
+    def order(key):
+        return jnp.argsort(flat + jax.random.uniform(key, flat.shape)).astype(jnp.int32)
+
+    return jax.vmap(order)(keys)
 
 
 class _State(NamedTuple):
-    step: jax.Array
+    step: jax.Array  # shared by the examples still searching
+    order: jax.Array  # per example: its basis directions, in the order tried
     coefficients: jax.Array
     score: jax.Array
     margin: jax.Array
@@ -64,7 +71,7 @@ class _State(NamedTuple):
 
 @register_attack("simba")
 @dataclasses.dataclass(frozen=True)
-class SimBA(ScoreAttack):
+class SimBA(ScoreAttack, Segmented):
     """SimBA (SimBA-DCT or SimBA pixel).
 
     Attributes:
@@ -99,35 +106,57 @@ class SimBA(ScoreAttack):
             return coefficients
         return jax.scipy.fft.idctn(coefficients, type=2, axes=(1, 2), norm="ortho")
 
-    def run(self, classifier, x, y, key, target) -> AttackResult:
-        batch, height, width, channels = x.shape
-        dims = height * width * channels
-        if self.basis == "pixel":
-            rings = np.zeros((height, width, channels), np.int32)
-        else:
-            rings = frequency_rings(height, width, channels, self.freq_dims, self.stride)
-        order = basis_order(key, batch, rings)
-        label = y if target is None else target
+    @property
+    def segment_length(self) -> int:
+        """Steps between two compactions of the batch (a hundredth of the most an example
+        can make, at least 10: a step is one or two model images per example)."""
+        return max(10, -(-(self.max_queries - 2) // 100))
 
-        def score_of(logits):
-            """The score to lower: p(y), or -p(target)."""
-            probability = jnp.take_along_axis(jax.nn.softmax(logits), label[:, None], axis=1)[:, 0]
-            return probability if target is None else -probability
+    def score(self, logits, y, target):
+        """The score to lower: p(y), or -p(target)."""
+        label = y if target is None else target
+        probability = jnp.take_along_axis(jax.nn.softmax(logits), label[:, None], axis=1)[:, 0]
+        return probability if target is None else -probability
+
+    def start(self, classifier, x, y, key, target) -> _State:
+        if self.basis == "pixel":
+            rings = np.zeros(x.shape[1:], np.int32)
+        else:
+            rings = frequency_rings(*x.shape[1:], self.freq_dims, self.stride)
+        logits = classifier(x)  # the clean check
+        clean_margin = attack_margin(logits, y, target)
+        return _State(
+            step=jnp.zeros((), jnp.int32),
+            order=basis_order(jax.random.split(key, x.shape[0]), rings),
+            coefficients=jnp.zeros_like(x),
+            score=self.score(logits, y, target),
+            margin=clean_margin,
+            done=clean_margin < 0,
+            queries=jnp.ones(x.shape[0], jnp.int32),
+        )
+
+    def room(self, s: _State, cost: int) -> jax.Array:
+        """The examples that go on searching and can afford ``cost`` more queries and
+        the final check."""
+        return ~s.done & (s.step < s.order.shape[1]) & (s.queries <= self.max_queries - 1 - cost)
+
+    def active(self, s: _State) -> jax.Array:
+        return self.room(s, 1)
+
+    def advance(self, classifier, x, y, target, state: _State) -> _State:
+        end = state.step + self.segment_length
 
         def evaluate(coefficients, needed):
             logits = query(classifier, jnp.clip(x + self.to_image(coefficients), 0.0, 1.0), needed)
-            return score_of(logits), attack_margin(logits, y, target)
-
-        def room(s: _State, cost):
-            return ~s.done & (s.step < dims) & (s.queries <= self.max_queries - 1 - cost)
+            return self.score(logits, y, target), attack_margin(logits, y, target)
 
         def moved(coefficients, index, amount):
-            flat = coefficients.reshape(batch, dims)
-            return flat.at[jnp.arange(batch), index].add(amount).reshape(x.shape)
+            flat = coefficients.reshape(x.shape[0], -1)
+            return flat.at[jnp.arange(x.shape[0]), index].add(amount).reshape(x.shape)
 
         def step(s: _State) -> _State:
-            index = order[:, s.step]
-            first = room(s, 1)
+            index = s.order[:, s.step]
+            first = self.room(s, 1)
             down = moved(s.coefficients, index, -self.step_size)
             score, margin = evaluate(down, first)
             kept = first & ((score < s.score) | (margin < 0))
@@ -135,7 +164,7 @@ class SimBA(ScoreAttack):
             up = moved(s.coefficients, index, self.step_size)
             score_up, margin_up = evaluate(up, second)
             kept_up = second & ((score_up < s.score) | (margin_up < 0))
-            return _State(
+            return s._replace(
                 step=s.step + 1,
                 coefficients=select(kept, down, select(kept_up, up, s.coefficients)),
                 score=jnp.where(kept, score, jnp.where(kept_up, score_up, s.score)),
@@ -144,15 +173,8 @@ class SimBA(ScoreAttack):
                 queries=s.queries + first + second,
             )
 
-        logits = classifier(x)  # the clean check
-        clean_margin = attack_margin(logits, y, target)
-        init = _State(
-            step=jnp.zeros((), jnp.int32),
-            coefficients=jnp.zeros_like(x),
-            score=score_of(logits),
-            margin=clean_margin,
-            done=clean_margin < 0,
-            queries=jnp.ones(batch, jnp.int32),
-        )
-        s = jax.lax.while_loop(lambda s: room(s, 1).any(), step, init)
-        return finalize(classifier, jnp.clip(x + self.to_image(s.coefficients), 0.0, 1.0), y, target, s.queries)
+        return jax.lax.while_loop(lambda s: (s.step < end) & self.active(s).any(), step, state)
+
+    def finish(self, classifier, x, y, target, state: _State) -> AttackResult:
+        x_adv = jnp.clip(x + self.to_image(state.coefficients), 0.0, 1.0)
+        return finalize(classifier, x_adv, y, target, state.queries)

@@ -7,11 +7,12 @@ perturbation estimate of its gradient at the current point ``x'``:
 
     g = 1 / (2 n delta) * sum_{k=1}^{n} (f(x' + delta v_k) - f(x' - delta v_k)) v_k,
 
-with ``v_k`` Rademacher vectors (``2 n`` queries). The perturbation starts uniform in the
-ball; after each Adam step it is projected onto the ball and the [0, 1] box, and the new
-point is queried once: an example stops at its first successful point. The result is the
-queried point of lowest margin. As in the reference code, the probe points
-``x' +- delta v`` are not clipped to [0, 1].
+with ``v_k`` Rademacher vectors (``2 n`` queries; each example draws its ``v_k`` from a
+key of its own). The perturbation starts uniform in the ball; after each Adam step it is
+projected onto the ball and the [0, 1] box, and the new point is queried once: an
+example stops at its first successful point. The result is the queried point of lowest
+margin. As in the reference code, the probe points ``x' +- delta v`` are not clipped to
+[0, 1].
 
 Defaults are CleverHans' (``learning_rate = delta = 0.01``, 128 samples). Unlike
 CleverHans' PyTorch version, which estimates every gradient at the clean image, the
@@ -26,19 +27,27 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Key
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize, register_attack
+from robustjax.attacks.compaction import Segmented
 from robustjax.attacks.score import ScoreAttack, per_candidate, query, select
 from robustjax.checks import check_nonnegative_float, check_positive_float, check_positive_int
 from robustjax.losses import attack_margin
 
+# Adam with optax's defaults (beta1 0.9, beta2 0.999, epsilon 1e-8); its step count is
+# shared by the examples still searching, as the iteration.
+ADAM = optax.scale_by_adam()
 
-def spsa_gradient(f, key: jax.Array, x: Float[Array, "b h w c"], delta, samples: int) -> Float[Array, "b h w c"]:
+
+def spsa_gradient(
+    f, keys: Key[Array, " b"], x: Float[Array, "b h w c"], delta, samples: int
+) -> Float[Array, "b h w c"]:
     """The SPSA estimate of the gradient of ``f`` at ``x`` from ``samples`` antithetic
-    Rademacher pairs per example; ``f`` maps candidates (B, m, H, W, C) to values (B, m)."""
-    v = jnp.where(jax.random.bernoulli(key, 0.5, (x.shape[0], samples) + x.shape[1:]), 1.0, -1.0)
+    Rademacher pairs per example, drawn from that example's key of ``keys`` (B,); ``f``
+    maps candidates (B, m, H, W, C) to values (B, m)."""
+    v = jax.vmap(lambda key: jax.random.rademacher(key, (samples,) + x.shape[1:], x.dtype))(keys)
     probes = x[:, None] + delta * jnp.concatenate([v, -v], axis=1)
     values = f(probes)
     difference = values[:, :samples] - values[:, samples:]
@@ -46,7 +55,8 @@ def spsa_gradient(f, key: jax.Array, x: Float[Array, "b h w c"], delta, samples:
 
 
 class _State(NamedTuple):
-    iteration: jax.Array
+    iteration: jax.Array  # shared by the examples still searching
+    keys: jax.Array  # per example: its estimates' randomness
     delta: jax.Array
     optimizer: optax.OptState
     x_best: jax.Array
@@ -57,7 +67,7 @@ class _State(NamedTuple):
 
 @register_attack("spsa")
 @dataclasses.dataclass(frozen=True)
-class SPSA(ScoreAttack):
+class SPSA(ScoreAttack, Segmented):
     """SPSA with Adam in the linf ball of radius ``eps``.
 
     Attributes:
@@ -95,30 +105,54 @@ class SPSA(ScoreAttack):
     def min_queries(self) -> int:
         return self.queries_per_iteration + 2  # and the clean and final checks
 
-    def run(self, classifier, x, y, key, target) -> AttackResult:
+    @property
+    def segment_length(self) -> int:
+        """Iterations between two compactions of the batch (a hundredth of the most an
+        example can make; an iteration is ``2 * samples * sample_batches + 1`` model images
+        per example)."""
+        iterations = (self.max_queries - 2) // self.queries_per_iteration
+        return max(1, -(-iterations // 100))
+
+    def start(self, classifier, x, y, key, target) -> _State:
         start_key, loop_key = jax.random.split(key)
         clean_margin = attack_margin(classifier(x), y, target)  # the clean check: one query
-        queries = jnp.ones(x.shape[0], jnp.int32)
+        attacked = clean_margin >= 0
         delta = threat.random_start(start_key, x, self.eps, "linf") - x
-        adam = optax.scale_by_adam()
-        def active(s: _State):
-            return ~s.done & (s.queries <= self.max_queries - self.queries_per_iteration - 1)
+        return _State(
+            iteration=jnp.zeros((), jnp.int32),
+            keys=jax.random.split(loop_key, x.shape[0]),
+            delta=delta,
+            optimizer=ADAM.init(delta),
+            x_best=x,
+            margin=jnp.where(attacked, jnp.inf, clean_margin),
+            done=~attacked,
+            queries=jnp.ones(x.shape[0], jnp.int32),
+        )
+
+    def active(self, s: _State) -> jax.Array:
+        return ~s.done & (s.queries <= self.max_queries - self.queries_per_iteration - 1)
+
+    def advance(self, classifier, x, y, target, state: _State) -> _State:
+        end = state.iteration + self.segment_length
 
         def step(s: _State) -> _State:
-            moving = active(s)
+            moving = self.active(s)
 
             def margins(probes):
                 return per_candidate(attack_margin, query(classifier, probes, moving), y, target)
 
-            keys = jax.random.split(jax.random.fold_in(loop_key, s.iteration), self.sample_batches)
+            def batch_keys(key):  # an example's keys of this iteration, one per model call
+                return jax.random.split(jax.random.fold_in(key, s.iteration), self.sample_batches)
+
+            keys = jax.vmap(batch_keys, out_axes=1)(s.keys)  # (sample_batches, B)
             estimate = jax.lax.map(
                 lambda k: spsa_gradient(margins, k, x + s.delta, self.delta, self.samples), keys)
-            direction, optimizer = adam.update(estimate.mean(axis=0), s.optimizer)
+            direction, optimizer = ADAM.update(estimate.mean(axis=0), s.optimizer)
             moved = x + s.delta - self.learning_rate * direction
             delta = threat.into_threat_set(x, moved, self.eps, "linf") - x
             margin = attack_margin(query(classifier, x + delta, moving), y, target)
             better = moving & (margin < s.margin)
-            return _State(
+            return s._replace(
                 iteration=s.iteration + 1,
                 delta=select(moving, delta, s.delta),
                 optimizer=optimizer._replace(mu=select(moving, optimizer.mu, s.optimizer.mu),
@@ -129,15 +163,7 @@ class SPSA(ScoreAttack):
                 queries=s.queries + moving * self.queries_per_iteration,
             )
 
-        attacked = clean_margin >= 0
-        init = _State(
-            iteration=jnp.zeros((), jnp.int32),
-            delta=delta,
-            optimizer=adam.init(delta),
-            x_best=x,
-            margin=jnp.where(attacked, jnp.inf, clean_margin),
-            done=~attacked,
-            queries=queries,
-        )
-        s = jax.lax.while_loop(lambda s: active(s).any(), step, init)
-        return finalize(classifier, s.x_best, y, target, s.queries)
+        return jax.lax.while_loop(lambda s: (s.iteration < end) & self.active(s).any(), step, state)
+
+    def finish(self, classifier, x, y, target, state: _State) -> AttackResult:
+        return finalize(classifier, state.x_best, y, target, state.queries)
