@@ -35,8 +35,7 @@ from jaxtyping import Array, Float, Key
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize, register_attack
-from robustjax.attacks.compaction import Segmented
-from robustjax.attacks.score import ScoreAttack, per_candidate, query, select
+from robustjax.attacks.score import EstimatedGradientAttack, per_candidate, query, select
 from robustjax.checks import (
     check_choice,
     check_in_interval,
@@ -75,7 +74,7 @@ class _State(NamedTuple):
 
 @register_attack("nes")
 @dataclasses.dataclass(frozen=True)
-class NES(ScoreAttack, Segmented):
+class NES(EstimatedGradientAttack):
     """NES gradient estimation with PGD steps in the linf or l2 ball of radius ``eps``.
 
     Attributes:
@@ -116,10 +115,6 @@ class NES(ScoreAttack, Segmented):
         return 2 * self.samples + 1
 
     @property
-    def min_queries(self) -> int:
-        return self.queries_per_iteration + 2  # and the clean and final checks
-
-    @property
     def alpha(self):
         return self.eps / 5 if self.step_size is None else self.step_size
 
@@ -129,29 +124,9 @@ class NES(ScoreAttack, Segmented):
             return attack_cross_entropy(logits, y, target)
         return -attack_margin(logits, y, target)
 
-    @property
-    def segment_length(self) -> int:
-        """Iterations between two compactions of the batch (a hundredth of the most an
-        example can make; an iteration is ``2 * samples + 1`` model images per example)."""
-        iterations = (self.max_queries - 2) // self.queries_per_iteration
-        return max(1, -(-iterations // 100))
-
     def start(self, classifier, x, y, key, target) -> _State:
-        clean_margin = attack_margin(classifier(x), y, target)  # the clean check: one query
-        attacked = clean_margin >= 0
-        return _State(
-            iteration=jnp.zeros((), jnp.int32),
-            keys=jax.random.split(key, x.shape[0]),
-            x_adv=x,
-            momentum=jnp.zeros_like(x),
-            x_best=x,
-            margin=jnp.where(attacked, jnp.inf, clean_margin),
-            done=~attacked,
-            queries=jnp.ones(x.shape[0], jnp.int32),
-        )
-
-    def active(self, s: _State) -> jax.Array:
-        return ~s.done & (s.queries <= self.max_queries - self.queries_per_iteration - 1)
+        return _State(iteration=jnp.zeros((), jnp.int32), keys=jax.random.split(key, x.shape[0]), x_adv=x,
+                      momentum=jnp.zeros_like(x), x_best=x, **self.clean_check(classifier, x, y, target))
 
     def advance(self, classifier, x, y, target, state: _State) -> _State:
         end = state.iteration + self.segment_length

@@ -24,8 +24,10 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from robustjax.attacks.base import Attack
+from robustjax.attacks.compaction import Segmented
 from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
+from robustjax.losses import attack_margin
 
 # Rows of the classifier's output looked at to tell probabilities from logits.
 _PROBE_ROWS = 2
@@ -87,6 +89,41 @@ class ScoreAttack(Attack):
     def validate(self, classifier, x, y, key, target) -> None:
         super().validate(classifier, x, y, key, target)
         warn_if_probabilities(classifier, x)
+
+
+class EstimatedGradientAttack(ScoreAttack, Segmented):
+    """Base of the attacks whose iteration estimates a gradient from probes and queries the
+    point it steps to (NES, SPSA): ``queries_per_iteration`` images per example, run
+    compacted (:mod:`robustjax.attacks.compaction`). Their state has ``done`` and
+    ``queries`` per example."""
+
+    @property
+    @abc.abstractmethod
+    def queries_per_iteration(self) -> int:
+        """Model images one iteration costs an example."""
+
+    @property
+    def min_queries(self) -> int:
+        return self.queries_per_iteration + 2  # and the clean and final checks
+
+    @property
+    def segment_length(self) -> int:
+        """Iterations between two compactions of the batch: a hundredth of the most an
+        example can make."""
+        iterations = (self.max_queries - 2) // self.queries_per_iteration
+        return max(1, -(-iterations // 100))
+
+    def active(self, s) -> Bool[Array, " b"]:
+        return ~s.done & (s.queries <= self.max_queries - self.queries_per_iteration - 1)
+
+    @staticmethod
+    def clean_check(classifier: Classifier, x, y, target) -> dict[str, Array]:
+        """The state's ``margin`` (best so far: none yet, or the clean one of the examples
+        not attacked), ``done`` and ``queries`` after the clean check (one query)."""
+        clean_margin = attack_margin(classifier(x), y, target)
+        attacked = clean_margin >= 0
+        return dict(margin=jnp.where(attacked, jnp.inf, clean_margin), done=~attacked,
+                    queries=jnp.ones(x.shape[0], jnp.int32))
 
 
 def per_example(values: Array, like: Array) -> Array:

@@ -31,8 +31,7 @@ from jaxtyping import Array, Float, Key
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize, register_attack
-from robustjax.attacks.compaction import Segmented
-from robustjax.attacks.score import ScoreAttack, per_candidate, query, select
+from robustjax.attacks.score import EstimatedGradientAttack, per_candidate, query, select
 from robustjax.checks import check_nonnegative_float, check_positive_float, check_positive_int
 from robustjax.losses import attack_margin
 
@@ -67,7 +66,7 @@ class _State(NamedTuple):
 
 @register_attack("spsa")
 @dataclasses.dataclass(frozen=True)
-class SPSA(ScoreAttack, Segmented):
+class SPSA(EstimatedGradientAttack):
     """SPSA with Adam in the linf ball of radius ``eps``.
 
     Attributes:
@@ -101,36 +100,12 @@ class SPSA(ScoreAttack, Segmented):
     def queries_per_iteration(self) -> int:
         return 2 * self.samples * self.sample_batches + 1
 
-    @property
-    def min_queries(self) -> int:
-        return self.queries_per_iteration + 2  # and the clean and final checks
-
-    @property
-    def segment_length(self) -> int:
-        """Iterations between two compactions of the batch (a hundredth of the most an
-        example can make; an iteration is ``2 * samples * sample_batches + 1`` model images
-        per example)."""
-        iterations = (self.max_queries - 2) // self.queries_per_iteration
-        return max(1, -(-iterations // 100))
 
     def start(self, classifier, x, y, key, target) -> _State:
         start_key, loop_key = jax.random.split(key)
-        clean_margin = attack_margin(classifier(x), y, target)  # the clean check: one query
-        attacked = clean_margin >= 0
         delta = threat.random_start(start_key, x, self.eps, "linf") - x
-        return _State(
-            iteration=jnp.zeros((), jnp.int32),
-            keys=jax.random.split(loop_key, x.shape[0]),
-            delta=delta,
-            optimizer=ADAM.init(delta),
-            x_best=x,
-            margin=jnp.where(attacked, jnp.inf, clean_margin),
-            done=~attacked,
-            queries=jnp.ones(x.shape[0], jnp.int32),
-        )
-
-    def active(self, s: _State) -> jax.Array:
-        return ~s.done & (s.queries <= self.max_queries - self.queries_per_iteration - 1)
+        return _State(iteration=jnp.zeros((), jnp.int32), keys=jax.random.split(loop_key, x.shape[0]), delta=delta,
+                      optimizer=ADAM.init(delta), x_best=x, **self.clean_check(classifier, x, y, target))
 
     def advance(self, classifier, x, y, target, state: _State) -> _State:
         end = state.iteration + self.segment_length
