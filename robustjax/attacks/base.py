@@ -89,7 +89,9 @@ class Attack(abc.ABC):
         Returns an :class:`AttackResult` with a leading epsilon axis holding, for each
         epsilon and example, the worst case over restarts: the restart with the lowest
         margin (a successful one whenever any succeeded). ``queries`` adds up all restarts.
-        ``eps=None`` sweeps only the attack's own epsilon.
+        ``eps=None`` sweeps only the attack's own epsilon. Attacks that run compacted
+        (:class:`~robustjax.attacks.compaction.Segmented`) sweep as a nested search on a
+        batch on one device.
         """
         grid = self.check_sweep(classifier, x, y, key, eps, restarts, target)
         return _sweep(self, restarts, classifier, *as_arrays(x, y, target), key, jnp.asarray(grid, jnp.float32))
