@@ -3,6 +3,9 @@
 import gc
 import os
 
+# The CLI's persistent compilation cache is process-wide JAX configuration: keep it off in
+# the test process (the quick-start test turns it on in its own process).
+os.environ["ROBUSTJAX_COMPILE_CACHE"] = "off"
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]
 ).strip()

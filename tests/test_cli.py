@@ -3,10 +3,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import jsonschema
 import pytest
 
-from robustjax.cli import main
+from robustjax.cli import main, use_compile_cache
 from robustjax.report import schema
 
 
@@ -58,6 +59,11 @@ def test_bad_arguments_print_an_error_without_traceback(argv, message, tmp_path,
     assert not (tmp_path / "report.json").exists()
 
 
+def test_compile_cache_can_be_turned_off():
+    assert use_compile_cache("off") is None
+    assert jax.config.jax_compilation_cache_dir is None
+
+
 def test_zoo_list(capsys):
     code, out, _ = run(capsys, "zoo", "list")
     assert code == 0 and "digits_cnn" in out
@@ -65,9 +71,11 @@ def test_zoo_list(capsys):
 
 def test_default_evaluation_as_in_the_quick_start(tmp_path):
     """`robustjax evaluate` with no arguments, in a fresh process on the default devices."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "ROBUSTJAX_COMPILE_CACHE")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # where the default compile cache goes
     done = subprocess.run([sys.executable, "-m", "robustjax.cli", "evaluate", "--out", str(tmp_path)],
                           check=True, env=env, capture_output=True, text=True, timeout=900)
+    assert any((tmp_path / "cache" / "robustjax" / "xla").iterdir()), "compiled programs are kept for the next run"
     assert "model: structure" in done.stdout and "EBD-2" in done.stdout  # the metrics table, grouped
     report = json.loads((tmp_path / "report.json").read_text())
     jsonschema.validate(report, schema())
