@@ -35,7 +35,7 @@ from jaxtyping import Array, Float, Key
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize, register_attack
-from robustjax.attacks.score import EstimatedGradientAttack, per_candidate, query, select
+from robustjax.attacks.score import EstimatedGradientAttack, antithetic_gradient, per_candidate, query, select
 from robustjax.checks import (
     check_choice,
     check_in_interval,
@@ -56,9 +56,7 @@ def nes_gradient(
     Gaussian pairs per example, drawn from that example's key of ``keys`` (B,); ``f``
     maps candidates (B, m, H, W, C) to values (B, m)."""
     u = jax.vmap(lambda key: jax.random.normal(key, (samples,) + x.shape[1:], x.dtype))(keys)
-    values = f(x[:, None] + sigma * jnp.concatenate([u, -u], axis=1))
-    difference = values[:, :samples] - values[:, samples:]
-    return jnp.mean(difference.reshape(difference.shape + (1,) * (x.ndim - 1)) * u, axis=1) / (2.0 * sigma)
+    return antithetic_gradient(f, x, u, sigma)
 
 
 class _State(NamedTuple):

@@ -156,6 +156,18 @@ def query(
     return logits.reshape(points.shape[:-3] + (classifier.num_classes,))
 
 
+def antithetic_gradient(
+    f, x: Float[Array, "b h w c"], directions: Float[Array, "b n h w c"], scale,
+) -> Float[Array, "b h w c"]:
+    """The antithetic finite-difference estimate ``1 / (2 n scale) * sum_k (f(x + scale
+    u_k) - f(x - scale u_k)) u_k`` over the ``n`` directions ``u_k`` of each example (2 n
+    queries); ``f`` maps candidates (B, m, H, W, C) to values (B, m)."""
+    samples = directions.shape[1]
+    values = f(x[:, None] + scale * jnp.concatenate([directions, -directions], axis=1))
+    difference = values[:, :samples] - values[:, samples:]
+    return jnp.mean(per_example(difference, directions) * directions, axis=1) / (2.0 * scale)
+
+
 def per_candidate(
     objective, logits: Float[Array, "b n k"], y: Int[Array, " b"], target: Int[Array, " b"] | None,
 ) -> Float[Array, "b n"]:

@@ -31,7 +31,7 @@ from jaxtyping import Array, Float, Key
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize, register_attack
-from robustjax.attacks.score import EstimatedGradientAttack, per_candidate, query, select
+from robustjax.attacks.score import EstimatedGradientAttack, antithetic_gradient, per_candidate, query, select
 from robustjax.checks import check_nonnegative_float, check_positive_float, check_positive_int
 from robustjax.losses import attack_margin
 
@@ -47,10 +47,7 @@ def spsa_gradient(
     Rademacher pairs per example, drawn from that example's key of ``keys`` (B,); ``f``
     maps candidates (B, m, H, W, C) to values (B, m)."""
     v = jax.vmap(lambda key: jax.random.rademacher(key, (samples,) + x.shape[1:], x.dtype))(keys)
-    probes = x[:, None] + delta * jnp.concatenate([v, -v], axis=1)
-    values = f(probes)
-    difference = values[:, :samples] - values[:, samples:]
-    return jnp.mean(difference.reshape(difference.shape + (1,) * (x.ndim - 1)) * v, axis=1) / (2.0 * delta)
+    return antithetic_gradient(f, x, v, delta)
 
 
 class _State(NamedTuple):
