@@ -4,7 +4,8 @@
                        [--compile-cache DIR]
     robustjax zoo list [PATTERN]
     robustjax zoo card NAME
-    robustjax zoo convert NAME CHECKPOINT --out DIR [--num-classes N]
+    robustjax zoo convert NAME CHECKPOINT --out DIR [--num-classes N] [--arch A]
+    robustjax nas list | card SPACE ARCH | train SPACE --out DIR
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rich.console import Console
 
 from robustjax import data, zoo
 from robustjax.classifier import Classifier
+from robustjax.cli_nas import add_nas_commands, load_nas_model, parse_arch, space_of_model
 from robustjax.evaluation import default_plan, evaluate, load_plan
 from robustjax.report import metrics_table, summary_table, write_report
 
@@ -50,9 +52,17 @@ def use_compile_cache(directory: str) -> str | None:
     return directory
 
 
-def load_model(spec: str, weights: str | None = None) -> Classifier:
+def load_model(spec: str, weights: str | None = None, *, arch: str | None = None, supernet: str | None = None,
+               calibration: data.ImageDataset | None = None) -> Classifier:
     """A zoo model name (with converted ``weights``, a folder from ``zoo convert``), or
-    ``package.module:function`` returning a :class:`Classifier`."""
+    ``package.module:function`` returning a :class:`Classifier`.
+
+    For a NAS model (``nas.SPACE``), ``arch`` picks the network, and ``supernet`` (a folder
+    from ``nas train``) takes its weights from that supernet, with batch norm recalibrated on
+    a seeded subset of ``calibration`` images.
+    """
+    if arch is not None or supernet is not None:
+        return load_nas_model(spec, weights, arch=arch, supernet=supernet, calibration=calibration)
     if ":" not in spec:
         return zoo.create(spec, weights=weights)
     if weights is not None:
@@ -90,7 +100,10 @@ def _metric_inputs(plan, args: argparse.Namespace, console: Console) -> tuple[da
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     use_compile_cache(args.compile_cache)
-    classifier = load_model(args.model, args.weights)
+    calibration = None
+    if args.supernet is not None:
+        calibration = data.load(args.dataset, "train", image_size=args.image_size, data_dir=args.data_dir)
+    classifier = load_model(args.model, args.weights, arch=args.arch, supernet=args.supernet, calibration=calibration)
     dataset = data.load(args.dataset, args.split, image_size=args.image_size, data_dir=args.data_dir)
     plan = load_plan(args.plan) if args.plan else default_plan(dataset.name)
     if args.num_examples is not None:
@@ -124,6 +137,9 @@ def cmd_zoo_card(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_zoo_convert(args: argparse.Namespace, console: Console) -> int:
     kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
+    if args.arch is not None:
+        space_of_model(args.name)
+        kwargs["arch"] = parse_arch(args.arch)
     out = zoo.convert_checkpoint(args.name, args.checkpoint, args.out, **kwargs)
     console.print(f"converted {args.checkpoint} to {out}; evaluate with "
                   f"`robustjax evaluate --model {args.name} --weights {out}`")
@@ -142,6 +158,9 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--plan", help="TOML or JSON plan file, or a built-in plan: default, digits, whitebox "
                     "(default: the built-in plan for the dataset)")
     ev.add_argument("--weights", help="folder of converted weights for a zoo model (see `zoo convert`)")
+    ev.add_argument("--arch", help="for a NAS model (nas.SPACE): the network, as an id, arch string or subnet name")
+    ev.add_argument("--supernet", help="for a NAS model: a folder from `nas train` to take the weights from "
+                    "(batch norm recalibrated on 4,096 images of the dataset's train split)")
     ev.add_argument("--out", default=DEFAULT_OUT, help="output folder for report.json (default: %(default)s)")
     ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
     ev.add_argument("--image-size", type=int, help="resize and centre-crop images to this size")
@@ -164,7 +183,9 @@ def parser() -> argparse.ArgumentParser:
     convert.add_argument("checkpoint", help=".safetensors, .pt, .pth, .bin or .ckpt file")
     convert.add_argument("--out", required=True, help="folder to write weights/ and card.json to")
     convert.add_argument("--num-classes", type=int, help="class count of the checkpoint's head (default: the model's)")
+    convert.add_argument("--arch", help="for a NAS model (nas.SPACE): the network the checkpoint holds")
     convert.set_defaults(run=cmd_zoo_convert)
+    add_nas_commands(commands)
     return main
 
 

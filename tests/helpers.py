@@ -56,3 +56,17 @@ def count_compiles():
         yield count
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def randomize_nnx_batch_norm(module, seed: int = 0) -> None:
+    """Non-trivial BatchNorm statistics, scales and biases in a Flax NNX module, in place."""
+    from flax import nnx
+
+    rng = np.random.default_rng(seed)
+    for _, layer in nnx.iter_modules(module):
+        if isinstance(layer, nnx.BatchNorm):
+            shape = layer.mean.shape
+            layer.mean[...] = rng.normal(0.0, 0.2, shape).astype(np.float32)
+            layer.var[...] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+            layer.scale[...] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+            layer.bias[...] = rng.normal(0.0, 0.1, shape).astype(np.float32)

@@ -5,7 +5,7 @@ from flax import nnx
 
 import robustjax as rj
 from robustjax.zoo.resnet_cifar import INPUT_SHAPE, MEAN, NAME, STD, ResNetCIFAR
-from tests.helpers import count_compiles
+from tests.helpers import count_compiles, randomize_nnx_batch_norm
 
 ACTIVATIONS = ("bn1", "layer1.0", "layer2.0.shortcut", "layer3.1", "layer4.1")
 
@@ -14,14 +14,7 @@ ACTIVATIONS = ("bn1", "layer1.0", "layer2.0.shortcut", "layer3.1", "layer4.1")
 def resnet() -> rj.Classifier:
     """Random weights with non-trivial BatchNorm statistics, scales and biases."""
     module = ResNetCIFAR(rngs=nnx.Rngs(params=jax.random.key(0)))
-    rng = np.random.default_rng(0)
-    for _, layer in nnx.iter_modules(module):
-        if isinstance(layer, nnx.BatchNorm):
-            shape = layer.mean.shape
-            layer.mean[...] = rng.normal(0.0, 0.2, shape).astype(np.float32)
-            layer.var[...] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
-            layer.scale[...] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
-            layer.bias[...] = rng.normal(0.0, 0.1, shape).astype(np.float32)
+    randomize_nnx_batch_norm(module)
     return rj.Classifier.from_nnx(module, num_classes=10, input_shape=INPUT_SHAPE, mean=MEAN, std=STD, name=NAME)
 
 

@@ -49,6 +49,10 @@ class ImageDataset:
             indices = np.arange(start, min(start + batch_size, total))
             yield self._validated(*self.read(indices))
 
+    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (validated) examples at ``indices``."""
+        return self._validated(*self.read(np.asarray(indices)))
+
     def arrays(self, *, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The whole set (or its first ``limit`` examples) as two arrays."""
         total = self.num_examples if limit is None else min(limit, self.num_examples)

@@ -1,0 +1,121 @@
+"""The ``robustjax nas`` commands: search spaces, one network's card, supernet training.
+
+    robustjax nas list
+    robustjax nas card SPACE ARCH
+    robustjax nas train SPACE --out DIR [--steps N] [--dataset D] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+
+from robustjax import data, nas, zoo
+from robustjax.classifier import Classifier
+
+NAS_MODEL_PREFIX = "nas."
+
+
+def parse_arch(text: str) -> Any:
+    """An id when ``text`` is an integer; otherwise an arch string, arch id or subnet name."""
+    return int(text) if text.strip().isdigit() else text
+
+
+def space_of_model(model: str):
+    """The search space behind zoo model ``nas.SPACE``."""
+    if not model.startswith(NAS_MODEL_PREFIX):
+        raise ValueError(f"--arch and --supernet apply to NAS models (nas.SPACE), not to {model!r}")
+    return nas.space(model.removeprefix(NAS_MODEL_PREFIX))
+
+
+def load_nas_model(spec: str, weights: str | None, *, arch: str | None, supernet: str | None,
+                   calibration: data.ImageDataset | None) -> Classifier:
+    """Network ``arch`` of NAS model ``nas.SPACE``: from the zoo (bundled or converted
+    ``weights``), or sliced from a trained ``supernet`` folder and recalibrated on a seeded
+    subset of 4,096 ``calibration`` images."""
+    space = space_of_model(spec)
+    chosen = parse_arch(arch) if arch is not None else None
+    if supernet is None:
+        return zoo.create(spec, weights=weights, arch=chosen)
+    if calibration is None:
+        raise ValueError("--supernet needs a dataset with a train split to recalibrate batch norm on")
+    trained = nas.Supernet.load(supernet, space=space)
+    config = space.resolve(nas.models.default_arch(space) if chosen is None else chosen)
+    return trained.subnet(config, calibration=nas.calibration_subset(calibration),
+                          name=f"{spec}:{nas.models.arch_label(space, config)}")
+
+
+def cmd_nas_list(args: argparse.Namespace, console: Console) -> int:
+    """One line per space: name, size, whether a trained supernet is bundled, description."""
+    console.print(f"{'space (zoo model nas.SPACE)':31s} {'networks':>16s}  supernet  description", highlight=False)
+    for name in nas.list_spaces():
+        embedded = "bundled" if name in nas.models.EMBEDDED else "-"
+        console.print(f"{name:31s} {len(nas.space(name)):>16,}  {embedded:8s}  {' '.join(nas.space_doc(name).split())}",
+                      highlight=False, soft_wrap=True)
+    return 0
+
+
+def network_card(space, arch: Any) -> dict:
+    """What one network of a space is: its id, config, strings and costs."""
+    config = space.resolve(arch)
+    cost = space.cost(config)
+    card = {"space": space.name, "index": space.index(config), "arch_id": config.arch_id,
+            "zoo": {"model": f"nas.{space.name}", "arch": nas.models.arch_label(space, config)},
+            "params": cost.params, "macs": cost.macs, "flops": cost.flops}
+    if isinstance(space, nas.NB201Space):
+        card |= {"arch_string": config.arch_string, "canonical_index": space.canonical(config),
+                 "ops": list(config.ops)}
+    else:
+        card |= {"config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()},
+                 "named": [n for n, c in nas.NAMED_SUBNETS.items() if c == config]}
+    return card
+
+
+def cmd_nas_card(args: argparse.Namespace, console: Console) -> int:
+    console.print_json(json.dumps(network_card(nas.space(args.space), parse_arch(args.arch))))
+    return 0
+
+
+def cmd_nas_train(args: argparse.Namespace, console: Console) -> int:
+    space = nas.space(args.space)
+    settings = nas.TrainSettings(steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+                                 checkpoint_every=args.checkpoint_every, seed=args.seed)
+    images, labels = data.load(args.dataset, "train", data_dir=args.data_dir).arrays()
+    started = time.perf_counter()
+    console.print(f"training the {space.name} supernet on {args.dataset}/train ({len(labels):,} images) for "
+                  f"{settings.steps} steps; checkpoints in {args.out}/checkpoints (a rerun resumes)", highlight=False)
+    supernet = nas.train_supernet(space, images, labels, args.out, settings, log=lambda step, loss: console.print(
+        f"step {step}/{settings.steps}: loss {loss:.4f} ({time.perf_counter() - started:.0f} s)", highlight=False))
+    supernet.save(args.out, extra={"settings": dataclasses.asdict(settings), "dataset": args.dataset})
+    console.print(f"supernet written to {args.out}; evaluate a subnet with `robustjax evaluate --model "
+                  f"nas.{space.name} --supernet {args.out} --arch ID`", highlight=False)
+    return 0
+
+
+def add_nas_commands(commands: argparse._SubParsersAction) -> None:
+    nas_cmd = commands.add_parser("nas", help="NAS search spaces and supernets")
+    nas_sub = nas_cmd.add_subparsers(dest="nas_command", required=True)
+    listing = nas_sub.add_parser("list", help="list the search spaces")
+    listing.set_defaults(run=cmd_nas_list)
+    card = nas_sub.add_parser("card", help="print one network's card: id, config, parameters, FLOPs")
+    card.add_argument("space", help="search space (see `robustjax nas list`)")
+    card.add_argument("arch", help="an id, an NB201 arch string, a BigNAS arch id or a RobustART subnet name")
+    card.set_defaults(run=cmd_nas_card)
+    train = nas_sub.add_parser("train", help="train (or resume training) a supernet: sandwich rule or single path")
+    train.add_argument("space", help="search space (see `robustjax nas list`)")
+    train.add_argument("--out", required=True, help="folder for checkpoints/ and the trained supernet")
+    train.add_argument("--dataset", default=data.DEFAULT_DATASET, help="training set (default: %(default)s)")
+    train.add_argument("--data-dir", help="tfds data directory")
+    defaults = nas.TrainSettings()
+    train.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps (default: %(default)s)")
+    train.add_argument("--batch-size", type=int, default=defaults.batch_size, help="(default: %(default)s)")
+    train.add_argument("--learning-rate", type=float, default=defaults.learning_rate, help="(default: %(default)s)")
+    train.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every,
+                       help="steps between checkpoints (default: %(default)s)")
+    train.add_argument("--seed", type=int, default=defaults.seed, help="(default: %(default)s)")
+    train.set_defaults(run=cmd_nas_train)

@@ -1,0 +1,89 @@
+"""NAS networks in the model zoo: ``zoo.create("nas.SPACE", arch=...)`` for every search space.
+
+``arch`` is whatever the space accepts: an id, a config, an NAS-Bench-201 arch string or a
+RobustART subnet name. The digits spaces come with embedded supernets trained here
+(``models/train_nas.py``): ``pretrained=True`` slices the subnet out and recalibrates its
+batch norm on the digits training images. The other spaces have no weights bundled; their
+networks convert from PyTorch (xautodl's NAS-Bench-201 ``TinyNetwork``, RobustART's BigNAS
+ResNets) with ``zoo.from_torch`` or ``robustjax zoo convert``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+
+from robustjax.classifier import Classifier
+from robustjax.nas import build
+from robustjax.nas.bignas import NAMED_SUBNETS, BigNASSpace
+from robustjax.nas.convert import convert_bignas, convert_nb201
+from robustjax.nas.space import space as get_space
+from robustjax.nas.supernet import Supernet
+from robustjax.zoo.assets import asset_dir
+from robustjax.zoo.registry import register_model
+
+# Embedded supernets: space -> asset folder under models/.
+EMBEDDED = {"nb201_digits": "nas_nb201_digits", "bignas_resnet_basic_digits": "nas_bignas_resnet_basic_digits"}
+DEFAULT_ARCH = {"nb201": 11472}  # NAS-Bench-201's ResNet cell; BigNAS spaces default to a named subnet or the smallest
+TORCH_SOURCES = {"nb201": "xautodl.models.cell_infers.tiny_network.TinyNetwork",
+                 "bignas": "RobustART prototype.model.bignas_resnet_{basicblock,bottleneck}.BigNAS_ResNet_*"}
+
+
+def arch_label(space: build.Space, config: Any) -> str:
+    """A short name of a network of ``space``: the NB201 id, a RobustART subnet's name, or
+    the config's id."""
+    if not isinstance(space, BigNASSpace):
+        return str(config.index)
+    named = [name for name, named_config in NAMED_SUBNETS.items() if named_config == config]
+    return named[0] if named else config.arch_id.partition(":")[2]
+
+
+def default_arch(space: build.Space) -> Any:
+    if not isinstance(space, BigNASSpace):
+        return DEFAULT_ARCH["nb201"]
+    named = space.named_subnets()
+    return named[0] if named else space.smallest()
+
+
+@functools.cache
+def embedded_supernet(space_name: str) -> Supernet:
+    """The bundled supernet of a digits space (loaded once per process)."""
+    return Supernet.load(asset_dir(EMBEDDED[space_name]), space=get_space(space_name))
+
+
+@functools.cache
+def _calibration_images():
+    from robustjax.data import (
+        digits,  # data sits below the zoo; imported late to keep `import` light
+    )
+
+    return digits("train").arrays()[0]
+
+
+def _register(space_name: str) -> None:
+    model_name = f"nas.{space_name}"
+    family = "nas_bignas" if space_name.startswith("bignas") else "nas_nb201"
+    embedded = space_name in EMBEDDED
+    space_doc = get_space(space_name).__class__.__name__
+
+    @register_model(model_name, family=family, convert=convert_bignas if family == "nas_bignas" else convert_nb201,
+                    torch_source=TORCH_SOURCES[family.removeprefix("nas_")],
+                    weights=f"trained here: models/train_nas.py {space_name}" if embedded else None,
+                    description=f"A network of the {space_name} search space ({space_doc}), chosen by arch=.")
+    def build_nas(*, key: jax.Array, pretrained: bool = embedded, arch: Any = None, **space_options) -> Classifier:
+        space = get_space(space_name, **space_options)
+        config = space.resolve(default_arch(space) if arch is None else arch)
+        name = f"{model_name}:{arch_label(space, config)}"
+        if pretrained:
+            if space != get_space(space_name):
+                raise ValueError(f"the embedded {space_name} supernet was trained with the space's own options; "
+                                 f"pass pretrained=False to change {sorted(space_options)}")
+            return embedded_supernet(space_name).subnet(config, calibration=_calibration_images(), name=name)
+        return build.as_classifier(space, build.build_network(space, config, key=key), config, name=name)
+
+
+for _space_name in ("nb201", "nb201_digits", "bignas_resnet_basic", "bignas_resnet_bottleneck",
+                    "bignas_resnet_basic_cifar", "bignas_resnet_bottleneck_cifar", "bignas_resnet_basic_digits"):
+    _register(_space_name)

@@ -1,0 +1,176 @@
+"""NAS-Bench-201 networks in Flax NNX: a standalone cell network and the weight-sharing supernet.
+
+:class:`NB201Network` is NAS-Bench-201's ``TinyNetwork`` for one cell, with its module names
+(``stem``, ``cells.{i}``, ``lastact``, ``classifier``), so xautodl's PyTorch state dicts
+convert one to one. :class:`NB201Supernet` keeps one weight set per (cell, edge, op) and
+takes each edge's op choice as data: a (6, 5) array of op weights, one-hot for a subnet, so
+one compiled program runs every cell, and its logits equal those of the standalone network
+loaded with that cell's weights (``subnet_weights``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from robustjax.nas.nb201 import EDGES, OPS, NB201Config, NB201Space
+from robustjax.zoo.resnet_layers import batch_norm, conv, global_average_pool
+
+CONV_KERNELS = {"nor_conv_1x1": 1, "nor_conv_3x3": 3}
+
+
+class ReLUConvBN(nnx.Module):
+    """ReLU, a bias-free convolution, BatchNorm (NAS-Bench-201's ``nor_conv_kxk``)."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, *, rngs: nnx.Rngs):
+        self.conv = conv(cin, cout, kernel, stride=stride, rngs=rngs)
+        self.bn = batch_norm(cout, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.bn(self.conv(nnx.relu(x)))
+
+
+def avg_pool_3x3(x: jax.Array) -> jax.Array:
+    """3x3 average pooling, stride 1, padding 1, padded cells not counted
+    (``nn.AvgPool2d(3, 1, 1, count_include_pad=False)``)."""
+    def window_sum(v):
+        return jax.lax.reduce_window(v, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
+
+    counts = window_sum(jnp.ones((1, *x.shape[1:3], 1), x.dtype))  # small, unlike a count over x's shape
+    return window_sum(x) / counts
+
+
+class Cell(nnx.Module):
+    """One NAS-Bench-201 cell (``InferCell``): node j sums an op of every node i < j."""
+
+    def __init__(self, config: NB201Config, channels: int, *, rngs: nnx.Rngs):
+        self.ops = config.ops
+        self.layers = nnx.Dict({str(edge): ReLUConvBN(channels, channels, CONV_KERNELS[op], rngs=rngs)
+                                for edge, op in enumerate(config.ops) if op in CONV_KERNELS})
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        def edge_output(edge: int, op: str, source: jax.Array) -> jax.Array | None:
+            if op == "none":
+                return None
+            if op == "skip_connect":
+                return source
+            if op == "avg_pool_3x3":
+                return avg_pool_3x3(source)
+            return self.layers[str(edge)](source)
+
+        return _cell_forward(x, edge_output, self.ops)
+
+
+class SuperCell(nnx.Module):
+    """Every op of every edge: a 1x1 and a 3x3 ``ReLUConvBN`` per edge (the others have no
+    weights), mixed by per-edge op weights."""
+
+    def __init__(self, channels: int, *, rngs: nnx.Rngs):
+        self.conv1x1 = nnx.List([ReLUConvBN(channels, channels, 1, rngs=rngs) for _ in EDGES])
+        self.conv3x3 = nnx.List([ReLUConvBN(channels, channels, 3, rngs=rngs) for _ in EDGES])
+
+    def __call__(self, x: jax.Array, op_weights: jax.Array) -> jax.Array:
+        def edge_output(edge: int, op: None, source: jax.Array) -> jax.Array:
+            w = op_weights[edge]  # in OPS order; "none" contributes nothing
+            return (w[1] * source + w[2] * self.conv1x1[edge](source) + w[3] * self.conv3x3[edge](source)
+                    + w[4] * avg_pool_3x3(source))
+
+        return _cell_forward(x, edge_output, (None,) * len(EDGES))
+
+
+def _cell_forward(x: jax.Array, edge_output: Callable, ops: tuple) -> jax.Array:
+    nodes = [x]
+    for node in (1, 2, 3):
+        total = None
+        for edge, (target, source) in enumerate(EDGES):
+            if target != node:
+                continue
+            out = edge_output(edge, ops[edge], nodes[source])
+            if out is not None:
+                total = out if total is None else total + out
+        nodes.append(jnp.zeros_like(x) if total is None else total)
+    return nodes[3]
+
+
+class ResidualReduction(nnx.Module):
+    """The stride-2 residual block between stages (``ResNetBasicblock``): two 3x3
+    ``ReLUConvBN`` and a shortcut of 2x2 average pooling then a 1x1 convolution."""
+
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs):
+        self.conv_a = ReLUConvBN(cin, cout, 3, stride=2, rngs=rngs)
+        self.conv_b = ReLUConvBN(cout, cout, 3, rngs=rngs)
+        self.downsample = conv(cin, cout, 1, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        shortcut = self.downsample(nnx.avg_pool(x, (2, 2), strides=(2, 2)))
+        return shortcut + self.conv_b(self.conv_a(x))
+
+
+class _Macro(nnx.Module):
+    """NAS-Bench-201's macro skeleton around a cell factory."""
+
+    def __init__(self, space: NB201Space, make_cell: Callable[[int], nnx.Module], *, rngs: nnx.Rngs):
+        c = space.channels
+        self.stem_conv = conv(space.input_shape[-1], c, 3, rngs=rngs)
+        self.stem_bn = batch_norm(c, rngs)
+        cells = []
+        for stage in range(3):
+            if stage:
+                cells.append(ResidualReduction(c, 2 * c, rngs=rngs))
+                c *= 2
+            cells.extend(make_cell(c) for _ in range(space.cells_per_stage))
+        self.cells = nnx.List(cells)
+        self.lastact = batch_norm(c, rngs)
+        self.classifier = nnx.Linear(c, space.num_classes, rngs=rngs)
+
+    def _forward(self, x: jax.Array, run_cell: Callable) -> jax.Array:
+        x = self.stem_bn(self.stem_conv(x))
+        for cell in self.cells:
+            x = cell(x) if isinstance(cell, ResidualReduction) else run_cell(cell, x)
+        return self.classifier(global_average_pool(nnx.relu(self.lastact(x))))
+
+
+class NB201Network(_Macro):
+    """The standalone network of one cell (``TinyNetwork``)."""
+
+    def __init__(self, space: NB201Space, config: NB201Config, *, rngs: nnx.Rngs):
+        super().__init__(space, lambda c: Cell(config, c, rngs=rngs), rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self._forward(x, lambda cell, h: cell(h))
+
+
+class NB201Supernet(_Macro):
+    """The weight-sharing supernet of every cell; called with (6, 5) op weights per edge."""
+
+    def __init__(self, space: NB201Space, *, rngs: nnx.Rngs):
+        super().__init__(space, lambda c: SuperCell(c, rngs=rngs), rngs=rngs)
+
+    def __call__(self, x: jax.Array, op_weights: jax.Array) -> jax.Array:
+        return self._forward(x, lambda cell, h: cell(h, op_weights))
+
+
+def op_weights(config: NB201Config) -> np.ndarray:
+    """The (6, 5) one-hot op weights that select ``config`` in the supernet."""
+    return np.eye(len(OPS), dtype=np.float32)[list(config.op_indices())]
+
+
+def subnet_weights(supernet: dict, config: NB201Config) -> dict:
+    """The standalone network's weights (``nnx.to_pure_dict`` layout) taken from the
+    supernet's: each conv edge keeps the weights of its chosen op."""
+    out = {name: value for name, value in supernet.items() if name != "cells"}
+    cells = {}
+    for index, cell in supernet["cells"].items():
+        if "conv_a" in cell:  # a residual reduction block
+            cells[index] = cell
+            continue
+        layers = {str(edge): cell["conv1x1" if op == "nor_conv_1x1" else "conv3x3"][edge]
+                  for edge, op in enumerate(config.ops) if op in CONV_KERNELS}
+        if layers:  # a cell of skips, pools and zeros has no weights
+            cells[index] = {"layers": layers}
+    out["cells"] = cells
+    return out

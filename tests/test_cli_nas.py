@@ -1,0 +1,60 @@
+"""The `robustjax nas` commands and NAS models in `robustjax evaluate`."""
+
+import json
+
+import pytest
+
+from robustjax.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_nas_list_names_every_space(capsys):
+    code, out, _ = run(capsys, "nas", "list")
+    assert code == 0
+    for name in ("nb201 ", "nb201_digits", "bignas_resnet_basic ", "bignas_resnet_bottleneck ",
+                 "bignas_resnet_basic_digits"):
+        assert name in out
+    assert "15,625" in out and "bundled" in out
+
+
+def test_nas_card_of_the_resnet_cell(capsys):
+    code, out, _ = run(capsys, "nas", "card", "nb201", "11472")
+    card = json.loads(out)
+    assert code == 0 and card["canonical_index"] == 2528 and card["params"] == 559386
+    code, out, _ = run(capsys, "nas", "card", "bignas_resnet_basic", "bignas_resnet18_9M")
+    assert json.loads(out)["named"] == ["bignas_resnet18_9M"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nas", "card", "nb210", "0"], "unknown search space 'nb210'"),
+    (["nas", "card", "nb201", "15625"], "out of range"),
+    (["nas", "card", "nb201", "|none~0|"], "3 nodes"),
+    (["evaluate", "--model", "digits_cnn", "--arch", "3"], "apply to NAS models"),
+    (["evaluate", "--model", "nas.nb201_digits", "--arch", "|bad|"], "3 nodes"),
+])
+def test_bad_nas_arguments_print_one_error(argv, message, capsys, tmp_path):
+    code, _, err = run(capsys, *argv, *(["--out", str(tmp_path)] if argv[0] == "evaluate" else []))
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_train_a_supernet_then_evaluate_one_of_its_subnets(tmp_path, capsys):
+    out = tmp_path / "supernet"
+    code, text, err = run(capsys, "nas", "train", "nb201_digits", "--out", str(out), "--steps", "6",
+                          "--checkpoint-every", "3", "--batch-size", "16")
+    assert code == 0, err
+    assert "step 6/6" in text and (out / "supernet.json").is_file()
+    plan = tmp_path / "plan.toml"
+    plan.write_text('batch_size = 16\nnum_examples = 16\n[[attacks]]\nname = "fgsm"\neps = 0.1\n')
+    code, text, err = run(capsys, "evaluate", "--model", "nas.nb201_digits", "--supernet", str(out), "--arch",
+                          "11472", "--plan", str(plan), "--out", str(tmp_path / "report"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["model"]["name"] == "nas.nb201_digits:11472"
+    code, _, err = run(capsys, "evaluate", "--model", "nas.bignas_resnet_basic_digits", "--supernet", str(out),
+                       "--plan", str(plan), "--out", str(tmp_path / "other"))
+    assert code == 2 and "holds a supernet of nb201_digits" in err
