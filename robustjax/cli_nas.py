@@ -1,8 +1,10 @@
-"""The ``robustjax nas`` commands: search spaces, one network's card, supernet training.
+"""The ``robustjax nas`` commands: search spaces, one network's card, supernet training, and
+many networks evaluated as populations.
 
     robustjax nas list
     robustjax nas card SPACE ARCH
     robustjax nas train SPACE --out DIR [--steps N] [--dataset D] ...
+    robustjax nas evaluate SPACE [--ids 0-63 | --n N] [--plan FILE] [--supernet DIR]
 """
 
 from __future__ import annotations
@@ -11,12 +13,17 @@ import argparse
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+import jax
 from rich.console import Console
+from rich.table import Table
 
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
+from robustjax.evaluation import default_plan, load_plan
+from robustjax.evaluation.population import check_population_plan, evaluate_population
 
 NAS_MODEL_PREFIX = "nas."
 
@@ -97,6 +104,56 @@ def cmd_nas_train(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def parse_ids(text: str) -> list[int]:
+    """``"0-9,20,30-31"`` -> [0, ..., 9, 20, 30, 31]."""
+    ids = []
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"--ids takes ids and ranges like 0-99,120, got {part!r}")
+        ids.extend(range(int(first), int(last or first) + 1))
+    return ids
+
+
+def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
+    space = nas.space(args.space)
+    plan = load_plan(args.plan) if args.plan else default_plan("digits")
+    if args.plan is None:  # the digits plan's attacks; its metrics do not run on populations
+        plan = dataclasses.replace(plan, metrics=None, corruptions=None, sequences=None, system_noise=None)
+    if args.num_examples is not None:
+        plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    check_population_plan(plan)
+    archs = parse_ids(args.ids) if args.ids else space.sample(jax.random.key(args.seed), args.n)
+    if args.supernet:
+        supernet = nas.Supernet.load(args.supernet, space=space)
+    elif space.name in nas.models.EMBEDDED:
+        supernet = nas.models.embedded_supernet(space.name)
+    else:
+        raise ValueError(f"{space.name} has no bundled supernet: pass --supernet DIR (from `robustjax nas train`)")
+    dataset = data.load(args.dataset, args.split, data_dir=args.data_dir)
+    calibration = data.load(args.dataset, "train", data_dir=args.data_dir)
+    started = time.perf_counter()
+    results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
+                                  population_size=args.population_size,
+                                  on_population=lambda done: console.print(
+                                      f"{len(done)} networks done ({time.perf_counter() - started:.0f} s)",
+                                      highlight=False))
+    table = Table(title=f"{len(results)} networks of {space.name} on {dataset.name}", title_justify="left")
+    for column in ("network", "MFLOPs", "clean", *[f"{r['name']} {r['params'].get('eps', '')}"
+                                                     for r in results[0]["attacks"]]):
+        table.add_column(column, justify="right")
+    for arch, result in zip(archs, results):
+        config = space.resolve(arch)
+        table.add_row(nas.models.arch_label(space, config), f"{space.cost(config).flops / 1e6:.1f}",
+                      f"{result['clean_accuracy']:.3f}", *[f"{a['robust_accuracy']:.3f}" for a in result["attacks"]])
+    console.print(table)
+    if args.out:
+        Path(args.out).write_text(json.dumps([{k: v for k, v in r.items() if k != "per_example"} for r in results],
+                                             indent=2) + "\n")
+        console.print(f"results written to {args.out}", highlight=False)
+    return 0
+
+
 def add_nas_commands(commands: argparse._SubParsersAction) -> None:
     nas_cmd = commands.add_parser("nas", help="NAS search spaces and supernets")
     nas_sub = nas_cmd.add_subparsers(dest="nas_command", required=True)
@@ -119,3 +176,20 @@ def add_nas_commands(commands: argparse._SubParsersAction) -> None:
                        help="steps between checkpoints (default: %(default)s)")
     train.add_argument("--seed", type=int, default=defaults.seed, help="(default: %(default)s)")
     train.set_defaults(run=cmd_nas_train)
+    ev = nas_sub.add_parser("evaluate", help="evaluate many subnets as populations (one program per population)")
+    ev.add_argument("space", help="search space (see `robustjax nas list`)")
+    ev.add_argument("--ids", help="network ids and ranges, e.g. 0-63,100 (default: --n random ones)")
+    ev.add_argument("--n", type=int, default=16, help="how many random networks without --ids (default: %(default)s)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the random networks (default: %(default)s)")
+    ev.add_argument("--plan", help="plan file or built-in plan; clean, [[attacks]] and [corruptions] apply "
+                    "(default: the digits plan's attacks)")
+    ev.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
+    ev.add_argument("--dataset", default=data.DEFAULT_DATASET, help="(default: %(default)s; its train split "
+                    "recalibrates batch norm)")
+    ev.add_argument("--split", default="test", help="(default: %(default)s)")
+    ev.add_argument("--data-dir", help="tfds data directory")
+    ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
+    ev.add_argument("--population-size", type=int, default=64, help="networks per compiled program "
+                    "(default: %(default)s)")
+    ev.add_argument("--out", help="JSON file for the per-network results")
+    ev.set_defaults(run=cmd_nas_evaluate)

@@ -58,3 +58,19 @@ def test_train_a_supernet_then_evaluate_one_of_its_subnets(tmp_path, capsys):
     code, _, err = run(capsys, "evaluate", "--model", "nas.bignas_resnet_basic_digits", "--supernet", str(out),
                        "--plan", str(plan), "--out", str(tmp_path / "other"))
     assert code == 2 and "holds a supernet of nb201_digits" in err
+
+
+def test_nas_evaluate_prints_a_table_per_network(tmp_path, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text('batch_size = 16\nnum_examples = 16\n[[attacks]]\nname = "fgsm"\neps = 0.1\n')
+    out = tmp_path / "results.json"
+    code, text, err = run(capsys, "nas", "evaluate", "bignas_resnet_basic_digits", "--ids", "0,7-8", "--plan",
+                          str(plan), "--population-size", "2", "--out", str(out))
+    assert code == 0, err
+    results = json.loads(out.read_text())
+    assert len(results) == 3 and "fgsm 0.1" in text and "3 networks of bignas_resnet_basic_digits" in text
+    assert all(0.0 <= r["attacks"][0]["robust_accuracy"] <= r["clean_accuracy"] for r in results)
+    code, _, err = run(capsys, "nas", "evaluate", "nb201", "--ids", "0")
+    assert code == 2 and "no bundled supernet" in err
+    code, _, err = run(capsys, "nas", "evaluate", "nb201_digits", "--ids", "3-x")
+    assert code == 2 and "--ids takes ids and ranges" in err

@@ -14,10 +14,11 @@ from robustjax.data.dataset import ImageDataset
 
 
 class DataParallel:
-    """Pads batches to a fixed size and shards them over a 1-D mesh of local devices."""
+    """Pads batches to a fixed size and shards them over a 1-D mesh of the local devices
+    (or of ``devices``)."""
 
-    def __init__(self, batch_size: int):
-        devices = jax.local_devices()
+    def __init__(self, batch_size: int, devices: list | None = None):
+        devices = jax.local_devices() if devices is None else list(devices)
         self.mesh = jax.make_mesh((len(devices),), ("batch",), devices=devices, axis_types=(AxisType.Auto,))
         # Round up so that every device gets the same number of examples.
         self.batch_size = -(-batch_size // len(devices)) * len(devices)

@@ -8,14 +8,17 @@ supernets, batch-norm recalibration and supernet training.
 """
 
 from robustjax.nas import models as _models  # noqa: F401  (registers nas.* in the zoo)
+from robustjax.nas import population
 from robustjax.nas.bignas import NAMED_SUBNETS, BigNASConfig, BigNASSpace
 from robustjax.nas.build import build_network, build_supernet, choice
 from robustjax.nas.nb201 import NB201Config, NB201Space
+from robustjax.nas.population import Population
 from robustjax.nas.recalibrate import calibration_subset, recalibrate
 from robustjax.nas.space import Cost, SearchSpace, list_spaces, register_space, space, space_doc
 from robustjax.nas.supernet import Supernet
 from robustjax.nas.train import TrainSettings, train_supernet
 
-__all__ = ["NAMED_SUBNETS", "BigNASConfig", "BigNASSpace", "Cost", "NB201Config", "NB201Space", "SearchSpace",
-           "Supernet", "TrainSettings", "build_network", "build_supernet", "calibration_subset", "choice",
-           "list_spaces", "recalibrate", "register_space", "space", "space_doc", "train_supernet"]
+__all__ = ["NAMED_SUBNETS", "BigNASConfig", "BigNASSpace", "Cost", "NB201Config", "NB201Space", "Population",
+           "SearchSpace", "Supernet", "TrainSettings", "build_network", "build_supernet", "calibration_subset",
+           "choice", "list_spaces", "population", "recalibrate", "register_space", "space", "space_doc",
+           "train_supernet"]

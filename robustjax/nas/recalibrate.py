@@ -11,6 +11,7 @@ means ``m_b`` and variances ``v_b``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,19 +33,36 @@ def calibration_subset(source: np.ndarray | ImageDataset, n: int = DEFAULT_IMAGE
 
 
 def recalibrate(module: nnx.Module, images: np.ndarray, *, batch_size: int = 256,
-                forward: Callable[[nnx.Module, jax.Array], Any] | None = None) -> nnx.Module:
+                forward: Callable[[nnx.Module, jax.Array, Any], Any] | None = None, choice: Any = None) -> nnx.Module:
     """A copy of ``module`` (in eval mode) whose BatchNorm statistics are those of ``images``.
 
-    ``images`` are what the module itself takes (already normalised); ``forward(module, x)``
-    calls it (default ``module(x)``), e.g. ``lambda m, x: m(x, choice)`` for a supernet.
-    The module passed in is not changed.
+    ``images`` are what the module itself takes (already normalised); ``forward(module, x,
+    choice)`` calls it (default ``module(x)``), e.g. ``lambda m, x, c: m(x, c)`` with a
+    supernet's ``choice``. ``forward`` should be one function for all calls (not a new
+    lambda each time), so that its compiled program is reused. The module passed in is not changed.
+    """
+    statistics = batch_norm_statistics(module, images, batch_size=batch_size, forward=forward, choices=choice)
+    model = nnx.clone(module)
+    for norm, (mean, var) in zip(_norms(model), statistics):
+        norm.mean[...], norm.var[...] = mean, var
+    model.eval()
+    return model
+
+
+def batch_norm_statistics(module: nnx.Module, images: np.ndarray, *, batch_size: int = 256,
+                          forward: Callable[[nnx.Module, jax.Array, Any], Any] | None = None,
+                          choices: Any = None, batched: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each BatchNorm's (mean, variance) over ``images``, in ``nnx.iter_modules`` order.
+
+    ``forward(module, x, choices)`` runs the module. With ``batched``, ``choices`` is a
+    pytree whose leaves carry a leading axis (one entry per subnet): the statistics of every
+    subnet are computed in one vmapped program, and each array gains that leading axis.
     """
     images = np.asarray(images, np.float32)
     if images.ndim != 4 or len(images) == 0:
         raise ValueError(f"calibration images must be a non-empty (N, H, W, C) batch, got shape {images.shape}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    forward = forward or (lambda m, x: m(x))
     model = nnx.clone(module)
     model.train()
     norms = _norms(model)
@@ -53,27 +71,34 @@ def recalibrate(module: nnx.Module, images: np.ndarray, *, batch_size: int = 256
     for norm in norms:
         norm.momentum = 0.0  # after a forward pass the running statistics are the batch's own
     graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def batch_statistics(state, x):
-        model = nnx.merge(graphdef, state)
-        forward(model, x)
-        return [(norm.mean[...], norm.var[...]) for norm in _norms(model)]
-
-    sums = [(np.zeros(n.mean.shape, np.float64), np.zeros(n.var.shape, np.float64)) for n in norms]
+    batch_statistics = _statistics_program(graphdef, forward or _call, batched)
+    sums = None
     for start in range(0, len(images), batch_size):
         batch = images[start:start + batch_size]
-        for (mean_sum, square_sum), (mean, var) in zip(sums, batch_statistics(state, batch)):
-            mean, var = np.asarray(mean, np.float64), np.asarray(var, np.float64)
-            mean_sum += len(batch) * mean
-            square_sum += len(batch) * (var + mean**2)
-    for original, norm, (mean_sum, square_sum) in zip(_norms(module), norms, sums):
+        moments = [(np.asarray(m, np.float64), np.asarray(v, np.float64)) for m, v in batch_statistics(state, batch, choices)]
+        weighted = [(len(batch) * m, len(batch) * (v + m**2)) for m, v in moments]
+        sums = weighted if sums is None else [(a + m, b + v) for (a, b), (m, v) in zip(sums, weighted)]
+    statistics = []
+    for mean_sum, square_sum in sums:
         mean = mean_sum / len(images)
-        norm.mean[...] = mean.astype(np.float32)
-        norm.var[...] = np.maximum(square_sum / len(images) - mean**2, 0.0).astype(np.float32)
-        norm.momentum = original.momentum
-    model.eval()
-    return model
+        statistics.append((mean.astype(np.float32), np.maximum(square_sum / len(images) - mean**2, 0.0).astype(np.float32)))
+    return statistics
+
+
+def _call(module: nnx.Module, x: jax.Array, _choice: Any) -> jax.Array:
+    return module(x)
+
+
+@functools.cache
+def _statistics_program(graphdef: Any, forward: Callable, batched: bool) -> Callable:
+    """The jitted per-batch statistics of a module structure (cached: every subnet or
+    population of one supernet reuses one compiled program)."""
+    def one(state, x, choice):
+        model = nnx.merge(graphdef, state)
+        forward(model, x, choice)
+        return [(norm.mean[...], norm.var[...]) for norm in _norms(model)]
+
+    return jax.jit(jax.vmap(one, in_axes=(None, None, 0)) if batched else one)
 
 
 def _norms(module: nnx.Module) -> list[nnx.BatchNorm]:

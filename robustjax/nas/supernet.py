@@ -43,6 +43,11 @@ def space_from_description(description: dict) -> build.Space:
     return _KINDS[description["kind"]](**fields)
 
 
+def through_supernet(module: nnx.Module, x: jax.Array, choice: Any) -> jax.Array:
+    """Runs the subnet ``choice`` through a supernet module."""
+    return module(x, choice)
+
+
 @dataclasses.dataclass(frozen=True)
 class Supernet:
     """A space and its supernet's state (parameters and batch statistics)."""
@@ -90,9 +95,8 @@ class Supernet:
         config = self.space.resolve(arch)
         module = self.module()
         if calibration is not None:
-            selected = build.choice(self.space, config)
             module = recalibrate(module, self.prepare(calibration, config), batch_size=batch_size,
-                                 forward=lambda m, x: m(x, selected))
+                                 forward=through_supernet, choice=build.choice(self.space, config))
         return build.supernet_classifier(self.space, module, config, name=name or config.arch_id)
 
     def prepare(self, images: np.ndarray, arch: Any) -> np.ndarray:

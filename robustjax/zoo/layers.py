@@ -78,18 +78,30 @@ def _cpu_conv(settings: tuple):
         return jax.lax.conv_general_dilated(lhs, rhs, **options)
 
     def forward(lhs, rhs):
-        return conv(lhs, rhs), (lhs, rhs)
+        # With symbolic zeros each primal says whether it is differentiated: an attack needs
+        # only the input gradient, so the kernel gradient is not even traced (under nested
+        # vmaps over sharded inputs its batching rule is not implemented in jax 0.10.2).
+        # The flags are empty arrays or None, so the residuals' structure carries them.
+        flags = tuple(jnp.zeros(0) if primal.perturbed else None for primal in (lhs, rhs))
+        return jax.lax.conv_general_dilated(lhs.value, rhs.value, **options), (lhs.value, rhs.value, flags)
 
     def backward(residuals, grad):
-        lhs, rhs = residuals
-        numbers = options["dimension_numbers"]
-        out_axis, in_axis = numbers.rhs_spec[:2]
-        swapped = jax.lax.optimization_barrier(jnp.swapaxes(rhs, out_axis, in_axis))
-        swapped_numbers = numbers._replace(rhs_spec=(in_axis, out_axis, *numbers.rhs_spec[2:]))
-        _, lhs_vjp = jax.vjp(lambda x: jax.lax.conv_general_dilated(
-            x, swapped, **{**options, "dimension_numbers": swapped_numbers}), lhs)
-        _, rhs_vjp = jax.vjp(lambda kernel: jax.lax.conv_general_dilated(lhs, kernel, **options), rhs)
-        return lhs_vjp(grad)[0], rhs_vjp(grad)[0]
+        lhs, rhs, (lhs_flag, rhs_flag) = residuals
+        if isinstance(grad, jax.custom_derivatives.SymbolicZero):
+            return None, None
+        lhs_grad = rhs_grad = None
+        if lhs_flag is not None:
+            numbers = options["dimension_numbers"]
+            out_axis, in_axis = numbers.rhs_spec[:2]
+            swapped = jax.lax.optimization_barrier(jnp.swapaxes(rhs, out_axis, in_axis))
+            swapped_numbers = numbers._replace(rhs_spec=(in_axis, out_axis, *numbers.rhs_spec[2:]))
+            _, lhs_vjp = jax.vjp(lambda x: jax.lax.conv_general_dilated(
+                x, swapped, **{**options, "dimension_numbers": swapped_numbers}), lhs)
+            lhs_grad = lhs_vjp(grad)[0]
+        if rhs_flag is not None:
+            _, rhs_vjp = jax.vjp(lambda kernel: jax.lax.conv_general_dilated(lhs, kernel, **options), rhs)
+            rhs_grad = rhs_vjp(grad)[0]
+        return lhs_grad, rhs_grad
 
-    conv.defvjp(forward, backward)
+    conv.defvjp(forward, backward, symbolic_zeros=True)
     return conv

@@ -1,0 +1,101 @@
+"""Networks per hour for a fixed plan over NAS subnets: populations against one network at a time.
+
+    python -m benchmarks.nas --space nb201_digits --networks 64 --alone 8
+    python -m benchmarks.nas --space bignas_resnet_basic_digits --networks 64 --alone 8
+
+The plan is clean accuracy, FGSM and PGD-10 (Linf, eps 0.1) on 256 test digits, each
+subnet sliced from the bundled supernet with batch norm recalibrated on 1,024 training
+digits. Two ways, both robustjax, on the same subnets and keys:
+
+- population: ``evaluate_population`` with ``--population-size`` networks per compiled
+  program (recalibration batched in);
+- alone: each subnet sliced out, recalibrated and evaluated by ``robustjax.evaluation.evaluate``
+  (a new architecture per subnet, so a compile per network: the anchors' one network per
+  process, without the process start).
+
+Both include compilation (it is part of the cost of a sweep) and are timed end to end;
+networks per hour = networks / wall seconds * 3600. Compiles are counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+from pathlib import Path
+
+import jax
+
+import robustjax as rj
+from benchmarks.common import RESULTS, machine_facts
+from robustjax.evaluation import evaluate
+from robustjax.evaluation.plan import plan_from_dict
+from robustjax.evaluation.population import evaluate_population
+
+PLAN = {"batch_size": 256, "num_examples": 256, "seed": 0,
+        "attacks": [{"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": 0.1, "steps": 10}]}
+
+
+class CompileCounter:
+    """Counts XLA backend compilations while active."""
+
+    def __init__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--space", default="nb201_digits", choices=sorted(rj.nas.models.EMBEDDED))
+    parser.add_argument("--networks", type=int, default=64, help="subnets through the population path")
+    parser.add_argument("--alone", type=int, default=8, help="subnets evaluated one at a time")
+    parser.add_argument("--population-size", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    supernet = rj.nas.models.embedded_supernet(args.space)
+    archs = supernet.space.sample(jax.random.key(0), args.networks)
+    dataset, plan = rj.data.digits("test"), plan_from_dict(PLAN)
+    calibration = rj.nas.calibration_subset(rj.data.digits("train"), 1024)
+    counter = CompileCounter()
+
+    start, compiles = time.perf_counter(), counter.count
+    population = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
+                                     population_size=args.population_size)
+    population_s, population_compiles = time.perf_counter() - start, counter.count - compiles
+
+    start, compiles = time.perf_counter(), counter.count
+    alone = [evaluate(supernet.subnet(arch, calibration=calibration), dataset, plan) for arch in archs[:args.alone]]
+    alone_s, alone_compiles = time.perf_counter() - start, counter.count - compiles
+
+    agree = all(p["clean_accuracy"] == a["clean"]["accuracy"]
+                and [x["robust_accuracy"] for x in p["attacks"]] == [x["robust_accuracy"] for x in a["attacks"]]
+                for p, a in zip(population, alone))
+    rows = {
+        "population": {"networks": args.networks, "seconds": round(population_s, 1), "compiles": population_compiles,
+                       "networks_per_hour": round(args.networks / population_s * 3600)},
+        "alone": {"networks": args.alone, "seconds": round(alone_s, 1), "compiles": alone_compiles,
+                  "networks_per_hour": round(args.alone / alone_s * 3600)},
+    }
+    ratio = rows["population"]["networks_per_hour"] / rows["alone"]["networks_per_hour"]
+    for name, row in rows.items():
+        print(f"{name:12s} {row['networks']:5d} networks  {row['seconds']:8.1f} s  {row['compiles']:5d} compiles  "
+              f"{row['networks_per_hour']:8d} networks/hour")
+    print(f"population / alone: {ratio:.2f}x; results equal on the shared networks: {agree}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    facts = machine_facts(())
+    path = args.out / f"nas_{args.space}.{facts['backend']}.json"
+    path.write_text(json.dumps({
+        "benchmark": "nas", "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": facts, "settings": {"space": args.space, "plan": PLAN, "population_size": args.population_size,
+                                       "calibration_images": 1024},
+        "results": rows, "ratio_population_over_alone": round(ratio, 2), "results_equal": agree}, indent=2) + "\n")
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Populations: many networks that one compiled program evaluates.
+
+A :class:`Population` is a :class:`~robustjax.Classifier` whose per-network leaves carry a
+leading network axis, with ``axes`` saying which (0) and which are shared (None):
+
+- subnets of a supernet share its weights; each has its own op choice (NAS-Bench-201's
+  one-hot op weights, BigNAS's width/depth/kernel masks) and its own recalibrated batch-norm
+  statistics. Every NAS-Bench-201 cell has the same shapes, so any cells form one
+  population; BigNAS subnets run masked at the supernet's largest shapes, one population per
+  input resolution (:func:`resolution_buckets`);
+- independently trained networks of one architecture stack all their leaves
+  (:meth:`Population.stack`).
+
+``population.map(fn, *args)`` is ``jax.vmap`` of ``fn(classifier, *args)`` over the
+networks, so attacks, corruptions and metrics take a population unchanged and return
+per-network results with a leading network axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from robustjax.classifier import Classifier
+from robustjax.nas import build
+from robustjax.nas.bignas import BigNASConfig, BigNASSpace
+from robustjax.nas.nb201 import NB201Config
+from robustjax.nas.recalibrate import batch_norm_statistics
+from robustjax.nas.supernet import Supernet, through_supernet
+
+
+@dataclasses.dataclass(frozen=True)
+class Population:
+    """Networks batched on a leading axis of ``classifier``'s per-network leaves."""
+
+    classifier: Classifier
+    axes: Any  # a prefix of classifier.params (as jax.vmap's in_axes): 0 per network, None shared
+    arch_ids: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.arch_ids)
+
+    def map(self, fn: Callable[..., Any], *args) -> Any:
+        """``fn(classifier, *args)`` for every network at once (``jax.vmap`` over networks);
+        ``args`` are shared. Every output leaf gains a leading network axis."""
+        template = self.classifier
+
+        def one(params, *shared):
+            return fn(template.replace(params=params), *shared)
+
+        return jax.vmap(one, in_axes=(self.axes, *([None] * len(args))))(self.classifier.params, *args)
+
+    def member(self, index: int) -> Classifier:
+        """Network ``index`` alone, as a classifier."""
+        return self.classifier.replace(params=_take(self.classifier.params, self.axes, index),
+                                       name=self.arch_ids[index])
+
+    @classmethod
+    def stack(cls, classifiers: Sequence[Classifier]) -> Population:
+        """Independently trained networks of one architecture (equal static fields)."""
+        if not classifiers:
+            raise ValueError("a population needs at least one network")
+        first = classifiers[0]
+        for other in classifiers[1:]:
+            if (jax.tree.structure(other) != jax.tree.structure(first)
+                    or any(a.shape != b.shape for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(other)))):
+                raise ValueError(f"cannot stack {other.name!r} with {first.name!r}: a population of independent "
+                                 "networks needs one architecture (equal apply_fn, shapes and static fields)")
+        stacked = jax.tree.map(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]),
+                               *[c.params for c in classifiers])
+        return cls(first.replace(params=stacked, name="population"), 0, tuple(c.name for c in classifiers))
+
+
+def _take(params: Any, axes: Any, index: int) -> Any:
+    """Network ``index``'s part of ``params``, whose in-axes prefix is ``axes``."""
+    if axes is None:
+        return params
+    if isinstance(axes, tuple):
+        return tuple(_take(p, a, index) for p, a in zip(params, axes))
+    return jax.tree.map(lambda leaf: leaf[index], params)
+
+
+def _configs(space: build.Space, archs: Sequence[Any]) -> list:
+    kind = BigNASConfig if isinstance(space, BigNASSpace) else NB201Config
+    configs = []
+    for arch in archs:
+        if isinstance(arch, NB201Config | BigNASConfig) and not isinstance(arch, kind):
+            raise TypeError(f"a population of {space.name} was given a config of another space: {arch.arch_id}")
+        configs.append(space.resolve(arch))
+    if not configs:
+        raise ValueError("a population needs at least one network")
+    return configs
+
+
+def resolution_buckets(space: build.Space, archs: Sequence[Any]) -> dict[int, list]:
+    """The configs of ``archs`` grouped by the resolution they compute at (one population,
+    so one compiled program, per group)."""
+    buckets: dict[int, list] = {}
+    for config in _configs(space, archs):
+        buckets.setdefault(build.resolution(space, config), []).append(config)
+    return buckets
+
+
+def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.ndarray | None = None,
+                  batch_size: int = 256) -> Population:
+    """Subnets ``archs`` of ``supernet`` as one population: shared weights, per-subnet op
+    choices, and per-subnet batch-norm statistics recalibrated on ``calibration`` images
+    ([0, 1]) in one vmapped pass, or the supernet's own statistics when none are given."""
+    space = supernet.space
+    buckets = resolution_buckets(space, archs)
+    if len(buckets) > 1:
+        raise ValueError(f"{space.name}: these subnets compute at {len(buckets)} resolutions "
+                         f"{sorted(buckets)}; make one population per resolution (nas.resolution_buckets)")
+    configs = next(iter(buckets.values()))
+    choices = jax.tree.map(lambda *c: np.stack(c), *[build.choice(space, c) for c in configs])
+    module = supernet.module()
+    graphdef, params, stats = nnx.split(module, nnx.Param, nnx.BatchStat)
+    stats_axis = None
+    if calibration is not None:
+        images = supernet.prepare(calibration, configs[0])
+        statistics = batch_norm_statistics(module, images, batch_size=batch_size, forward=through_supernet,
+                                           choices=choices, batched=True)
+        stats = _with_statistics(module, stats, statistics)
+        stats_axis = 0
+    module.eval()
+    graphdef = nnx.split(module, nnx.Param, nnx.BatchStat)[0]
+    classifier = Classifier(
+        params=(params, stats, choices),
+        apply_fn=build.Resized(PopulationLogits(graphdef), build.resolution(space, configs[0])),
+        num_classes=space.num_classes, input_shape=space.input_shape, mean=space.mean, std=space.std,
+        name=f"population of {space.name}")
+    return Population(classifier, (None, stats_axis, 0), tuple(c.arch_id for c in configs))
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationLogits:
+    """``apply_fn`` of one subnet of a population: params are (weights, batch statistics,
+    choice), merged into the supernet and called with the choice."""
+
+    graphdef: Any
+
+    def __call__(self, params: Any, x: jax.Array) -> jax.Array:
+        weights, statistics, selected = params
+        return nnx.merge(self.graphdef, weights, statistics)(x, selected)
+
+
+def _with_statistics(module: nnx.Module, stats: nnx.State, statistics: list) -> nnx.State:
+    """``stats`` with every BatchNorm's mean and var replaced by the stacked ``statistics``."""
+    by_path = {}
+    norms = [(path, m) for path, m in nnx.iter_modules(module) if isinstance(m, nnx.BatchNorm)]
+    for (path, _), (mean, var) in zip(norms, statistics):
+        by_path[(*path, "mean")], by_path[(*path, "var")] = mean, var
+    return nnx.from_flat_state([(path, variable.replace(by_path[tuple(path)]))
+                                for path, variable in nnx.to_flat_state(stats)])

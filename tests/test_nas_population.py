@@ -1,0 +1,99 @@
+"""Populations: many networks in one compiled program give each network the results it gets
+evaluated alone, compile once per population size, and shard like one network."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import robustjax as rj
+from robustjax.evaluation import evaluate
+from robustjax.evaluation.parallel import DataParallel
+from robustjax.evaluation.plan import plan_from_dict
+from robustjax.evaluation.population import evaluate_population, evaluate_population_batch
+from robustjax.nas.population import Population, from_supernet
+from tests.helpers import count_compiles
+
+PLAN = plan_from_dict({"batch_size": 16, "num_examples": 24, "attacks": [
+    {"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": [0.05, 0.1], "steps": 4}]})
+SMALL_PLAN = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [
+    {"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": 0.1, "steps": 3}]})
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    return rj.nas.calibration_subset(rj.data.digits("train"), 512)
+
+
+@pytest.mark.parametrize("space_name", ["nb201_digits", "bignas_resnet_basic_digits"])
+def test_each_network_gets_the_results_it_gets_alone(space_name, calibration):
+    supernet = rj.nas.models.embedded_supernet(space_name)
+    archs = supernet.space.sample(jax.random.key(0), 4)
+    dataset = rj.data.digits("test")
+    # Populations of 3: the second holds 1 network and two copies of it as padding.
+    results = evaluate_population(supernet, archs, dataset, PLAN, calibration=calibration, population_size=3)
+    assert [r["arch_id"] for r in results] == [a.arch_id for a in archs]
+    images = dataset.arrays(limit=16)[0]
+    population = from_supernet(supernet, archs, calibration=calibration)
+    logits = np.asarray(population.map(lambda clf, x: clf(x), images))
+    for index in (0, 3):
+        alone = supernet.subnet(archs[index], calibration=calibration)
+        np.testing.assert_allclose(logits[index], np.asarray(alone(images)), atol=1e-5, rtol=1e-5)
+    for index in (3,):  # in the padded population
+        report = evaluate(supernet.subnet(archs[index], calibration=calibration), dataset, PLAN)
+        assert results[index]["clean_accuracy"] == report["clean"]["accuracy"]
+        assert [a["robust_accuracy"] for a in results[index]["attacks"]] == [
+            a["robust_accuracy"] for a in report["attacks"]]
+
+
+def test_one_compile_per_population_size(calibration):
+    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    archs = [supernet.space.config(i) for i in range(128)]
+    plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
+    dataset = rj.data.digits("test")
+    evaluate_population(supernet, archs[:64], dataset, plan, calibration=calibration, population_size=64)
+    with count_compiles() as compiles:
+        results = evaluate_population(supernet, archs[64:], dataset, plan, calibration=calibration,
+                                      population_size=64)
+    assert compiles[0] == 0 and len(results) == 64
+
+
+def test_sharded_over_eight_devices_equals_one_device(calibration):
+    assert jax.local_device_count() == 8
+    supernet = rj.nas.models.embedded_supernet("bignas_resnet_basic_digits")
+    population = from_supernet(supernet, supernet.space.sample(jax.random.key(1), 4), calibration=calibration)
+    dataset = rj.data.digits("test")
+    eight = evaluate_population_batch(population, dataset, SMALL_PLAN, DataParallel(SMALL_PLAN.batch_size))
+    one = evaluate_population_batch(population, dataset, SMALL_PLAN,
+                                    DataParallel(SMALL_PLAN.batch_size, jax.local_devices()[:1]))
+    for a, b in zip(eight, one):
+        assert a["clean_accuracy"] == b["clean_accuracy"] and a["attacks"] == b["attacks"]
+
+
+def test_stacked_independent_networks():
+    members = [rj.zoo.create("digits_cnn"), rj.zoo.create("digits_cnn", pretrained=False)]
+    population = Population.stack(members)
+    images = rj.data.digits("test").arrays(limit=8)[0]
+    logits = np.asarray(population.map(lambda clf, x: clf(x), images))
+    for index, member in enumerate(members):
+        np.testing.assert_allclose(logits[index], np.asarray(member(images)), atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(population.member(index)(images)), logits[index], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs one architecture"):
+        Population.stack([members[0], rj.zoo.create("digits_mlp")])
+
+
+def test_bad_populations_are_refused(calibration):
+    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    dataset = rj.data.digits("test")
+    with pytest.raises(TypeError, match="config of another space"):
+        from_supernet(supernet, [rj.nas.space("bignas_resnet_basic_digits").config(0)])
+    with pytest.raises(ValueError, match="out of range"):
+        from_supernet(supernet, [15625])
+    with pytest.raises(ValueError, match=r"plan items \['sequences'\] do not apply to populations"):
+        evaluate_population(supernet, [0], dataset, dataclasses.replace(
+            PLAN, sequences=plan_from_dict({"attacks": [], "sequences": {"names": ["gaussian_noise"]}}).sequences))
+    space = dataclasses.replace(rj.nas.space("bignas_resnet_basic_digits"), resolutions=(6, 8), input_size=8)
+    two = rj.nas.Supernet.create(space, key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"2 resolutions \[6, 8\]"):
+        from_supernet(two, [space.smallest(), space.largest()])
