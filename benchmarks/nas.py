@@ -11,7 +11,11 @@ digits. Two ways, both robustjax, on the same subnets and keys:
   program (recalibration batched in);
 - alone: each subnet sliced out, recalibrated and evaluated by ``robustjax.evaluation.evaluate``
   (a new architecture per subnet, so a compile per network: the anchors' one network per
-  process, without the process start).
+  process, without the process start);
+- torch: the anchors' way, each subnet built in PyTorch (xautodl's ``TinyNetwork``, or
+  RobustART's BigNAS layout) with the same sliced weights, batch norm recalibrated as OFA
+  and RobustART do (training-mode passes, cumulative averages), then torchattacks' FGSM
+  and PGD-10.
 
 Both include compilation (it is part of the cost of a sweep) and are timed end to end;
 networks per hour = networks / wall seconds * 3600. Compiles are counted.
@@ -26,6 +30,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 import robustjax as rj
 from benchmarks.common import RESULTS, machine_facts
@@ -49,12 +54,78 @@ class CompileCounter:
             self.count += 1
 
 
+def torch_network(supernet: rj.nas.Supernet, config):
+    """The PyTorch twin of a subnet (xautodl's TinyNetwork or RobustART's BigNAS ResNet)
+    holding the weights sliced from the supernet."""
+    from flax import nnx
+
+    weights = nnx.to_pure_dict(nnx.state(supernet.subnet_module(config)))
+    space = supernet.space
+    if isinstance(space, rj.nas.NB201Space):
+        from benchmarks.torch_nb201 import tiny_network
+
+        return tiny_network(space, config, weights)
+    from benchmarks.torch_bignas import BigNASResNet, load_robustjax_weights
+
+    net = BigNASResNet(config.block, config.widths, config.depths, config.kernels, config.expand_ratios,
+                       strides=space.strides, in_channels=space.in_channels, num_classes=space.num_classes,
+                       projections=[False] + [space.has_projection(s) for s in range(1, 5)])
+    return load_robustjax_weights(net, weights)
+
+
+def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarray, dataset, threads: int) -> float:
+    """Seconds to recalibrate and evaluate ``configs`` one at a time in PyTorch + torchattacks."""
+    import torch
+    import torchattacks
+
+    torch.set_num_threads(threads)
+    space = supernet.space
+    x, y = dataset.arrays(limit=PLAN["num_examples"])
+    images, labels = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()), torch.from_numpy(y.astype(np.int64))
+    calib = torch.from_numpy(calibration.transpose(0, 3, 1, 2).copy())
+    mean = torch.tensor(space.mean).view(1, -1, 1, 1)
+    std = torch.tensor(space.std).view(1, -1, 1, 1)
+
+    class Model(torch.nn.Module):  # [0, 1] images in, logits out
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            out = self.net((x - mean) / std)
+            return out[1] if isinstance(out, tuple) else out  # TinyNetwork returns (features, logits)
+
+    start = time.perf_counter()
+    for config in configs:
+        model = Model(torch_network(supernet, config))
+        model.train()
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.reset_running_stats()
+                module.momentum = None  # a cumulative average over the calibration batches
+        with torch.no_grad():
+            for batch in calib.split(256):
+                model(batch)
+        model.eval()
+        with torch.no_grad():
+            (model(images).argmax(1) == labels).float().mean()
+        for attack in (torchattacks.FGSM(model, eps=0.1),
+                       torchattacks.PGD(model, eps=0.1, alpha=0.025, steps=10, random_start=True)):
+            adversarial = attack(images, labels)
+            with torch.no_grad():
+                (model(adversarial).argmax(1) == labels).float().mean()
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--space", default="nb201_digits", choices=sorted(rj.nas.models.EMBEDDED))
     parser.add_argument("--networks", type=int, default=64, help="subnets through the population path")
     parser.add_argument("--alone", type=int, default=8, help="subnets evaluated one at a time")
     parser.add_argument("--population-size", type=int, default=64)
+    parser.add_argument("--torch", type=int, default=8, help="subnets evaluated one at a time in PyTorch "
+                        "(NB201 needs xautodl; 0: skip)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     supernet = rj.nas.models.embedded_supernet(args.space)
@@ -81,11 +152,16 @@ def main() -> None:
         "alone": {"networks": args.alone, "seconds": round(alone_s, 1), "compiles": alone_compiles,
                   "networks_per_hour": round(args.alone / alone_s * 3600)},
     }
-    ratio = rows["population"]["networks_per_hour"] / rows["alone"]["networks_per_hour"]
+    if args.torch:
+        torch_s = torch_alone(supernet, archs[:args.torch], calibration, dataset, args.threads)
+        rows["torch"] = {"networks": args.torch, "seconds": round(torch_s, 1), "compiles": None,
+                         "networks_per_hour": round(args.torch / torch_s * 3600)}
+    ratios = {name: round(rows["population"]["networks_per_hour"] / row["networks_per_hour"], 2)
+              for name, row in rows.items() if name != "population"}
     for name, row in rows.items():
-        print(f"{name:12s} {row['networks']:5d} networks  {row['seconds']:8.1f} s  {row['compiles']:5d} compiles  "
+        print(f"{name:12s} {row['networks']:5d} networks  {row['seconds']:8.1f} s  {row['compiles'] or '-':>5} compiles  "
               f"{row['networks_per_hour']:8d} networks/hour")
-    print(f"population / alone: {ratio:.2f}x; results equal on the shared networks: {agree}")
+    print(f"population over the others (networks per hour): {ratios}; results equal on the shared networks: {agree}")
     args.out.mkdir(parents=True, exist_ok=True)
     facts = machine_facts(())
     path = args.out / f"nas_{args.space}.{facts['backend']}.json"
@@ -93,7 +169,7 @@ def main() -> None:
         "benchmark": "nas", "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": facts, "settings": {"space": args.space, "plan": PLAN, "population_size": args.population_size,
                                        "calibration_images": 1024},
-        "results": rows, "ratio_population_over_alone": round(ratio, 2), "results_equal": agree}, indent=2) + "\n")
+        "results": rows, "population_over": ratios, "results_equal": agree}, indent=2) + "\n")
     print(f"written to {path}")
 
 

@@ -47,7 +47,7 @@ def test_nb201_network_matches_xautodl(arch):
     ("bignas_resnet_bottleneck_cifar", 1000),
 ])
 def test_bignas_subnet_matches_robustart_definition(space_name, arch):
-    from tests.torch_bignas import BigNASResNet
+    from benchmarks.torch_bignas import BigNASResNet
 
     space = rj.nas.space(space_name)
     config = space.resolve(arch)

@@ -119,7 +119,7 @@ def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.n
     configs = next(iter(buckets.values()))
     choices = jax.tree.map(lambda *c: np.stack(c), *[build.choice(space, c) for c in configs])
     module = supernet.module()
-    graphdef, params, stats = nnx.split(module, nnx.Param, nnx.BatchStat)
+    _, params, stats = nnx.split(module, nnx.Param, nnx.BatchStat)
     stats_axis = None
     if calibration is not None:
         images = supernet.prepare(calibration, configs[0])
