@@ -132,12 +132,15 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"{space.name} has no bundled supernet: pass --supernet DIR (from `robustjax nas train`)")
     dataset = data.load(args.dataset, args.split, data_dir=args.data_dir)
     calibration = data.load(args.dataset, "train", data_dir=args.data_dir)
-    started = time.perf_counter()
+    started, done = time.perf_counter(), []
+
+    def progress(population: list[dict]) -> None:
+        done.extend(population)
+        console.print(f"{len(done)}/{len(archs)} networks done ({time.perf_counter() - started:.0f} s)",
+                      highlight=False)
+
     results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
-                                  population_size=args.population_size,
-                                  on_population=lambda done: console.print(
-                                      f"{len(done)} networks done ({time.perf_counter() - started:.0f} s)",
-                                      highlight=False))
+                                  population_size=args.population_size, on_population=progress)
     table = Table(title=f"{len(results)} networks of {space.name} on {dataset.name}", title_justify="left")
     for column in ("network", "MFLOPs", "clean", *[f"{r['name']} {r['params'].get('eps', '')}"
                                                      for r in results[0]["attacks"]]):
