@@ -92,13 +92,14 @@ def resize_to(x: jax.Array, side: int) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class SupernetLogits:
-    """``apply_fn`` of one subnet run through the supernet: params are ``(state, choice)``."""
+    """``apply_fn`` of one subnet run through the supernet: params are ``(*states, choice)``,
+    the supernet's state (whole, or split as parameters and batch statistics) and the choice."""
 
     graphdef: Any
 
     def __call__(self, params: Any, x: jax.Array) -> jax.Array:
-        state, selected = params
-        return nnx.merge(self.graphdef, state)(x, selected)
+        *states, selected = params
+        return nnx.merge(self.graphdef, *states)(x, selected)
 
 
 def as_classifier(space: Space, module: nnx.Module, arch: Any, *, name: str) -> Classifier:

@@ -131,22 +131,10 @@ def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.n
     graphdef = nnx.split(module, nnx.Param, nnx.BatchStat)[0]
     classifier = Classifier(
         params=(params, stats, choices),
-        apply_fn=build.Resized(PopulationLogits(graphdef), build.resolution(space, configs[0])),
+        apply_fn=build.Resized(build.SupernetLogits(graphdef), build.resolution(space, configs[0])),
         num_classes=space.num_classes, input_shape=space.input_shape, mean=space.mean, std=space.std,
         name=f"population of {space.name}")
     return Population(classifier, (None, stats_axis, 0), tuple(c.arch_id for c in configs))
-
-
-@dataclasses.dataclass(frozen=True)
-class PopulationLogits:
-    """``apply_fn`` of one subnet of a population: params are (weights, batch statistics,
-    choice), merged into the supernet and called with the choice."""
-
-    graphdef: Any
-
-    def __call__(self, params: Any, x: jax.Array) -> jax.Array:
-        weights, statistics, selected = params
-        return nnx.merge(self.graphdef, weights, statistics)(x, selected)
 
 
 def _with_statistics(module: nnx.Module, stats: nnx.State, statistics: list) -> nnx.State:
