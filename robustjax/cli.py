@@ -12,46 +12,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
-import os
 import sys
 from pathlib import Path
 
-import jax
 from rich.console import Console
 
 from robustjax import data, zoo
 from robustjax.classifier import Classifier
 from robustjax.cli_nas import add_nas_commands, load_nas_model, parse_arch, space_of_model
+from robustjax.cli_sweep import add_sweep_commands
+from robustjax.compile_cache import DEFAULT_COMPILE_CACHE, use_compile_cache
 from robustjax.evaluation import default_plan, evaluate, load_plan
 from robustjax.report import metrics_table, summary_table, write_report
 
 DEFAULT_MODEL = "digits_cnn"
 DEFAULT_OUT = "robustjax-report"
-# Where `evaluate` keeps compiled XLA programs between runs; "off" keeps none.
-DEFAULT_COMPILE_CACHE = os.environ.get(
-    "ROBUSTJAX_COMPILE_CACHE", str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robustjax" / "xla"))
-
-
-def use_compile_cache(directory: str) -> str | None:
-    """Keeps JAX's compiled programs in ``directory`` (JAX's persistent compilation cache),
-    so that a repeated evaluation skips most compiling (the default digits run: about 120
-    s the first time, 70 s after). ``"off"`` disables it, and a cache directory the user
-    configured for JAX wins. Returns the directory in use, or None."""
-    if directory == "off":
-        return None
-    if configured := jax.config.jax_compilation_cache_dir:
-        return configured
-    try:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None  # no writable cache: every program compiles, as without one
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # the many small programs too
-    return directory
-
-
 def load_model(spec: str, weights: str | None = None, *, arch: str | None = None, supernet: str | None = None,
                calibration: data.ImageDataset | None = None) -> Classifier:
     """A zoo model name (with converted ``weights``, a folder from ``zoo convert``), or
@@ -63,19 +39,7 @@ def load_model(spec: str, weights: str | None = None, *, arch: str | None = None
     """
     if arch is not None or supernet is not None:
         return load_nas_model(spec, weights, arch=arch, supernet=supernet, calibration=calibration)
-    if ":" not in spec:
-        return zoo.create(spec, weights=weights)
-    if weights is not None:
-        raise ValueError("--weights applies to zoo models, not to package.module:function models")
-    module_name, _, function_name = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"cannot load model {spec!r}: {error}") from None
-    classifier = factory()
-    if not isinstance(classifier, Classifier):
-        raise TypeError(f"{spec} must return a robustjax.Classifier, returned {type(classifier).__name__}")
-    return classifier
+    return zoo.load(spec, weights=weights)
 
 
 def _metric_inputs(plan, args: argparse.Namespace, console: Console) -> tuple[data.ImageDataset | None, Classifier | None]:
@@ -186,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
     convert.add_argument("--arch", help="for a NAS model (nas.SPACE): the network the checkpoint holds")
     convert.set_defaults(run=cmd_zoo_convert)
     add_nas_commands(commands)
+    add_sweep_commands(commands)
     return main
 
 
@@ -194,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         return args.run(args, console)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, OSError, ImportError) as error:
         Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
         return 2
 

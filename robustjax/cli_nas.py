@@ -23,7 +23,8 @@ from rich.table import Table
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
 from robustjax.evaluation import default_plan, load_plan
-from robustjax.evaluation.population import check_population_plan, evaluate_population
+from robustjax.evaluation.items import check_population_plan
+from robustjax.evaluation.population import evaluate_population
 
 NAS_MODEL_PREFIX = "nas."
 
@@ -67,24 +68,8 @@ def cmd_nas_list(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def network_card(space, arch: Any) -> dict:
-    """What one network of a space is: its id, config, strings and costs."""
-    config = space.resolve(arch)
-    cost = space.cost(config)
-    card = {"space": space.name, "index": space.index(config), "arch_id": config.arch_id,
-            "zoo": {"model": f"nas.{space.name}", "arch": nas.models.arch_label(space, config)},
-            "params": cost.params, "macs": cost.macs, "flops": cost.flops}
-    if isinstance(space, nas.NB201Space):
-        card |= {"arch_string": config.arch_string, "canonical_index": space.canonical(config),
-                 "ops": list(config.ops)}
-    else:
-        card |= {"config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()},
-                 "named": [n for n, c in nas.NAMED_SUBNETS.items() if c == config]}
-    return card
-
-
 def cmd_nas_card(args: argparse.Namespace, console: Console) -> int:
-    console.print_json(json.dumps(network_card(nas.space(args.space), parse_arch(args.arch))))
+    console.print_json(json.dumps(nas.models.network_card(nas.space(args.space), parse_arch(args.arch))))
     return 0
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import robustjax as rj
 from robustjax.evaluation import evaluate
+from robustjax.evaluation.items import ItemRunner
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population, evaluate_population_batch
@@ -64,9 +65,10 @@ def test_sharded_over_eight_devices_equals_one_device(calibration):
     supernet = rj.nas.models.embedded_supernet("bignas_resnet_basic_digits")
     population = from_supernet(supernet, supernet.space.sample(jax.random.key(1), 4), calibration=calibration)
     dataset = rj.data.digits("test")
-    eight = evaluate_population_batch(population, dataset, SMALL_PLAN, DataParallel(SMALL_PLAN.batch_size))
-    one = evaluate_population_batch(population, dataset, SMALL_PLAN,
-                                    DataParallel(SMALL_PLAN.batch_size, jax.local_devices()[:1]))
+    eight = evaluate_population_batch(population, dataset, SMALL_PLAN,
+                                      ItemRunner(dataset, SMALL_PLAN, DataParallel(SMALL_PLAN.batch_size)))
+    one = evaluate_population_batch(population, dataset, SMALL_PLAN, ItemRunner(
+        dataset, SMALL_PLAN, DataParallel(SMALL_PLAN.batch_size, jax.local_devices()[:1])))
     for a, b in zip(eight, one):
         assert a["clean_accuracy"] == b["clean_accuracy"] and a["attacks"] == b["attacks"]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import io
 import platform
 from collections.abc import Callable
 
@@ -25,6 +24,7 @@ from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation import metric_suite
+from robustjax.evaluation.items import jpeg_bytes
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import BASELINES, AttackRun, CorruptionRun, Plan, SequenceRun, SystemNoiseRun
 from robustjax.evaluation.timing import timed
@@ -255,7 +255,7 @@ def system_noise_section(run: SystemNoiseRun, classifier: Classifier, dataset: I
     as JPEG at ``run.quality``, then each variant decodes, resizes and centre-crops them back
     to the model's input size."""
     x, y = dataset.arrays(limit=plan.num_examples)
-    encoded = [_jpeg_bytes(image, run.quality) for image in x]
+    encoded = [jpeg_bytes(image, run.quality) for image in x]
     section = {"status": "running", **run.as_dict()}
     with timed() as timing:
         result = noise.system.evaluate_system_noise(classifier, encoded, y, run.variants(), batch_size=plan.batch_size,
@@ -266,15 +266,6 @@ def system_noise_section(run: SystemNoiseRun, classifier: Classifier, dataset: I
     section.update(mean_accuracy=result.mean, std_accuracy=result.std, negative_std=result.negative_std,
                    timing=timing.as_dict(len(variants) * len(y)), status="ok")
     return section
-
-
-def _jpeg_bytes(image: np.ndarray, quality: int) -> bytes:
-    from PIL import Image
-
-    pixels = np.round(image * 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()
 
 
 def num_evaluated(dataset: ImageDataset, plan: Plan) -> int:

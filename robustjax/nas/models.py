@@ -10,6 +10,7 @@ ResNets) with ``zoo.from_torch`` or ``robustjax zoo convert``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -19,6 +20,7 @@ from robustjax.classifier import Classifier
 from robustjax.nas import build
 from robustjax.nas.bignas import NAMED_SUBNETS, BigNASSpace
 from robustjax.nas.convert import convert_bignas, convert_nb201
+from robustjax.nas.nb201 import NB201Space
 from robustjax.nas.space import space as get_space
 from robustjax.nas.supernet import Supernet
 from robustjax.zoo.assets import asset_dir
@@ -48,6 +50,22 @@ def default_arch(space: build.Space) -> Any:
 
 
 @functools.cache
+def network_card(space, arch: Any) -> dict:
+    """What one network of a space is: its id, config, strings and costs."""
+    config = space.resolve(arch)
+    cost = space.cost(config)
+    card = {"space": space.name, "index": space.index(config), "arch_id": config.arch_id,
+            "zoo": {"model": f"nas.{space.name}", "arch": arch_label(space, config)},
+            "params": cost.params, "macs": cost.macs, "flops": cost.flops}
+    if isinstance(space, NB201Space):
+        card |= {"arch_string": config.arch_string, "canonical_index": space.canonical(config),
+                 "ops": list(config.ops)}
+    else:
+        card |= {"config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()},
+                 "named": [n for n, c in NAMED_SUBNETS.items() if c == config]}
+    return card
+
+
 def embedded_supernet(space_name: str) -> Supernet:
     """The bundled supernet of a digits space (loaded once per process)."""
     return Supernet.load(asset_dir(EMBEDDED[space_name]), space=get_space(space_name))

@@ -34,6 +34,7 @@ from robustjax.nas.space import (
     sample_indices,
 )
 
+ARCH_ID_PREFIX = "nb201:"
 OPS = ("none", "skip_connect", "nor_conv_1x1", "nor_conv_3x3", "avg_pool_3x3")
 EDGES = ((1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2))  # (node, source), in arch-string order
 NUM_CELLS = len(OPS) ** len(EDGES)
@@ -86,7 +87,7 @@ class NB201Config:
 
     @property
     def arch_id(self) -> str:
-        return f"nb201:{self.index}"
+        return f"{ARCH_ID_PREFIX}{self.index}"
 
     def op_indices(self) -> tuple[int, ...]:
         """Each edge's op as its position in ``OPS``."""
@@ -171,9 +172,11 @@ class NB201Space:
         return NB201Config(_cells_in_id_order()[check_index(self, index)])
 
     def resolve(self, arch: Any) -> NB201Config:
-        """A config from a config, an id or an arch string."""
+        """A config from a config, an id, an arch id (``"nb201:11472"``) or an arch string."""
         if isinstance(arch, NB201Config):
             return arch
+        if isinstance(arch, str) and arch.startswith(ARCH_ID_PREFIX) and arch[len(ARCH_ID_PREFIX):].isdigit():
+            return self.config(int(arch[len(ARCH_ID_PREFIX):]))
         if isinstance(arch, str):
             return NB201Config.from_string(arch)
         return self.config(arch)

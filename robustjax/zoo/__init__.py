@@ -18,7 +18,7 @@ from robustjax.zoo import wide_resnet as _wide_resnet  # noqa: F401
 from robustjax.zoo import resnet_cifar as _resnet_cifar  # noqa: F401
 from robustjax.zoo.convert import convert_checkpoint, from_torch
 from robustjax.zoo.repvgg import reparameterize as repvgg_reparameterize
-from robustjax.zoo.registry import card, count_flops, count_params, create, get_entry, list_models, register_model
+from robustjax.zoo.registry import card, count_flops, count_params, create, get_entry, list_models, load, register_model
 
 __all__ = ["card", "convert_checkpoint", "count_flops", "count_params", "create", "from_torch", "get_entry",
-           "list_models", "register_model", "repvgg_reparameterize"]
+           "list_models", "load", "register_model", "repvgg_reparameterize"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +96,24 @@ def create(
             f"checkpoint with `robustjax zoo convert {name} CHECKPOINT --out DIR` and pass weights=DIR"
         )
     return entry.build(key=key, pretrained=pretrained, **kwargs)
+
+
+def load(spec: str, *, weights: str | Path | None = None) -> Classifier:
+    """A zoo model by name (pretrained, or with converted ``weights``), or a user's model as
+    ``package.module:function`` returning a :class:`Classifier`."""
+    if ":" not in spec:
+        return create(spec, weights=weights)
+    if weights is not None:
+        raise ValueError("--weights applies to zoo models, not to package.module:function models")
+    module_name, _, function_name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"cannot load model {spec!r}: {error}") from None
+    classifier = factory()
+    if not isinstance(classifier, Classifier):
+        raise TypeError(f"{spec} must return a robustjax.Classifier, returned {type(classifier).__name__}")
+    return classifier
 
 
 def _with_stored_weights(entry: ModelEntry, folder: Path, key: jax.Array, kwargs: dict) -> Classifier:

@@ -1,0 +1,213 @@
+"""The ``robustjax sweep`` commands: a plan over many networks, resumable, local or on Ray.
+
+    robustjax sweep run --db results.sqlite [--space NAME [--n N | --ids 0-999 | --all] | --models a,b]
+                        [--plan FILE] [--ray auto|ADDRESS]
+    robustjax sweep status --db results.sqlite
+    robustjax sweep export --db results.sqlite --format csv|jsonl|parquet --out FILE [--join FILE]
+    robustjax sweep analyze --db results.sqlite --out DIR
+
+With no flags but ``--db``, 64 random subnets of the bundled NAS-Bench-201 digits supernet
+run under the built-in ``sweep`` plan. A rerun of the same command resumes a killed sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+import jax
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from robustjax import data, nas
+from robustjax.cli_nas import parse_ids
+from robustjax.compile_cache import DEFAULT_COMPILE_CACHE, use_compile_cache
+from robustjax.evaluation import load_plan
+from robustjax.nas.recalibrate import DEFAULT_IMAGES
+from robustjax.sweep import export
+from robustjax.sweep.analyze import analyze
+from robustjax.sweep.engine import Sweep, open_store, run_local
+from robustjax.sweep.store import Store, worker_id
+
+DEFAULT_SPACE = "nb201_digits"
+DEFAULT_PLAN = "sweep"
+DEFAULT_N = 64
+
+
+def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
+    plan = load_plan(args.plan)
+    if args.num_examples is not None:
+        plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    common = {"plan": plan, "dataset": args.dataset, "split": args.split, "data_dir": args.data_dir,
+              "population_size": args.population_size, "calibration_images": args.calibration_images}
+    if args.models:
+        if args.space or args.ids or args.all or args.n is not None or args.supernet:
+            raise ValueError("--models runs a list of models; --space, --ids, --n, --all and --supernet apply to "
+                             "NAS spaces")
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+        return Sweep(models=models, **common), list(models)
+    space = nas.space(args.space or DEFAULT_SPACE)
+    if sum([bool(args.ids), args.all, args.n is not None]) > 1:
+        raise ValueError("choose the networks with one of --ids, --n and --all")
+    if args.ids:
+        archs = parse_ids(args.ids)
+    elif args.all:
+        archs = list(range(len(space)))
+    else:
+        archs = space.sample(jax.random.key(args.seed), DEFAULT_N if args.n is None else args.n)
+    return Sweep(space=space.name, supernet=args.supernet, **common), archs
+
+
+class _Progress:
+    """Networks done, rate and time left: a bar on a terminal, a line every N networks
+    otherwise, nothing with ``--quiet``."""
+
+    def __init__(self, console: Console, total: int, done: int, *, quiet: bool, every: int):
+        self.console, self.total, self.done, self.quiet, self.every = console, total, done, quiet, every
+        self.started, self.at_start, self.logged = time.perf_counter(), done, done
+        self.bar = None
+        if not quiet and console.is_terminal:
+            self.bar = Progress(TextColumn("networks"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console)
+            self.task = self.bar.add_task("sweep", total=total, completed=done, rate="")
+            self.bar.start()
+
+    def advance(self, chunk: list[str]) -> None:
+        self.done += len(chunk)
+        elapsed = time.perf_counter() - self.started
+        rate = (self.done - self.at_start) / elapsed * 3600 if elapsed > 0 else 0.0
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done, rate=f"{rate:,.0f}/h")
+        elif not self.quiet and (self.done - self.logged >= self.every or self.done >= self.total):
+            left = (self.total - self.done) / rate * 3600 if rate > 0 else float("nan")
+            self.console.print(f"{self.done}/{self.total} networks done, {rate:,.0f} networks/h, "
+                               f"{left:.0f} s left", highlight=False)
+            self.logged = self.done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
+    use_compile_cache(args.compile_cache)
+    sweep, archs = _sweep_and_archs(args)
+    if args.ray:  # fail fast on a bad address, before loading anything
+        from robustjax.sweep.ray_executor import connect
+
+        connect(args.ray)
+    store, selection = open_store(sweep, args.db, archs)
+    done = len(store.done() & set(selection))
+    if not args.quiet:
+        console.print(f"sweep of {len(selection)} networks into {args.db} ({done} done already; "
+                      f"{len(store.item_keys())} items each)", highlight=False)
+    progress = _Progress(console, len(selection), done, quiet=args.quiet, every=args.log_every)
+    worker = worker_id()
+    started = time.perf_counter()
+    try:
+        if args.ray:
+            from robustjax.sweep.ray_executor import run_ray
+
+            run_ray(sweep, store, selection, address=args.ray, worker=worker, lease_s=args.lease,
+                    on_chunk=progress.advance, log=lambda line: console.print(line, highlight=False))
+        else:
+            run_local(sweep, store, selection, worker=worker, lease_s=args.lease, on_chunk=progress.advance)
+    finally:
+        progress.close()
+    status = store.status()
+    if not args.quiet:
+        console.print(f"{len(store.done() & set(selection))}/{len(selection)} networks done in "
+                      f"{time.perf_counter() - started:.0f} s ({status['with_failures']} with a failed item); "
+                      f"export with `robustjax sweep export --db {args.db} --format csv --out results.csv`",
+                      highlight=False)
+    return 0
+
+
+def _existing(path: str) -> Store:
+    if not Path(path).is_file():
+        raise ValueError(f"no sweep database at {path}")
+    return Store.read(path)
+
+
+def cmd_sweep_status(args: argparse.Namespace, console: Console) -> int:
+    store = _existing(args.db)
+    status = store.status()
+    rate = status["networks_per_hour"]
+    left = (status["networks"] - status["done"]) / rate * 3600 if rate else None
+    console.print(f"{status['done']}/{status['networks']} networks done ({status['items']} items each, "
+                  f"{status['rows']} rows); {status['with_failures']} with a failed item", highlight=False)
+    console.print(f"rate over the last hour: {'-' if rate is None else f'{rate:,.0f} networks/h'}; "
+                  f"time left: {'-' if left is None else f'{left:.0f} s'}", highlight=False)
+    for holder, count in status["claimed"].items():
+        console.print(f"worker {holder} holds {count} networks", highlight=False)
+    return 0
+
+
+def cmd_sweep_export(args: argparse.Namespace, console: Console) -> int:
+    rows = export.table(_existing(args.db)).rows
+    if args.join:
+        rows = export.join(rows, args.join, on=args.join_on)
+    export.write(rows, args.out, args.format)
+    console.print(f"{len(rows)} networks written to {args.out}", highlight=False)
+    return 0
+
+
+def cmd_sweep_analyze(args: argparse.Namespace, console: Console) -> int:
+    table = export.table(_existing(args.db))
+    result = analyze(table, args.out)
+    console.print(f"analysis of {result['networks']} networks written to {args.out}: {', '.join(result['files'])}",
+                  highlight=False)
+    return 0
+
+
+def add_sweep_commands(commands: argparse._SubParsersAction) -> None:
+    sweep_cmd = commands.add_parser("sweep", help="a plan over many networks, resumable, on one machine or Ray")
+    sub = sweep_cmd.add_subparsers(dest="sweep_command", required=True)
+    run = sub.add_parser("run", help="run (or resume) a sweep into a SQLite database")
+    run.add_argument("--db", required=True, help="the sweep's SQLite database (made, or resumed)")
+    run.add_argument("--space", help=f"NAS search space (default: {DEFAULT_SPACE}; see `robustjax nas list`)")
+    run.add_argument("--models", help="comma-separated zoo models or package.module:function, instead of a space")
+    run.add_argument("--ids", help="network ids and ranges, e.g. 0-999")
+    run.add_argument("--n", type=int, help=f"how many random networks (default: {DEFAULT_N})")
+    run.add_argument("--all", action="store_true", help="every network of the space")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random networks (default: %(default)s)")
+    run.add_argument("--plan", default=DEFAULT_PLAN, help="plan file or built-in plan (default: %(default)s); "
+                     "clean, [[attacks]], [corruptions] and [system_noise] apply")
+    run.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
+    run.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
+    run.add_argument("--dataset", default=data.DEFAULT_DATASET, help="(default: %(default)s; its train split "
+                     "recalibrates batch norm)")
+    run.add_argument("--split", default="test", help="(default: %(default)s)")
+    run.add_argument("--data-dir", help="tfds data directory")
+    run.add_argument("--population-size", type=int, default=64, help="networks per compiled program "
+                     "(default: %(default)s)")
+    run.add_argument("--calibration-images", type=int, default=DEFAULT_IMAGES,
+                     help="training images that recalibrate each subnet's batch norm (default: %(default)s)")
+    run.add_argument("--ray", help="run on a Ray cluster: 'auto' or HOST:PORT of its head (needs robustjax[ray])")
+    run.add_argument("--lease", type=float, default=1800.0, help="seconds a worker's claim lasts without renewal "
+                     "(default: %(default)s)")
+    run.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    run.add_argument("--log-every", type=int, default=64, help="networks between progress lines off a terminal "
+                     "(default: %(default)s)")
+    run.add_argument("--compile-cache", default=DEFAULT_COMPILE_CACHE,
+                     help="folder that keeps compiled programs between runs, or 'off' (default: %(default)s)")
+    run.set_defaults(run=cmd_sweep_run)
+    status = sub.add_parser("status", help="networks done, rate, time left, workers")
+    status.add_argument("--db", required=True)
+    status.set_defaults(run=cmd_sweep_status)
+    exp = sub.add_parser("export", help="one row per network: config, cost and every figure")
+    exp.add_argument("--db", required=True)
+    exp.add_argument("--format", choices=export.FORMATS, default="csv")
+    exp.add_argument("--out", required=True, help="file to write")
+    exp.add_argument("--join", help="a published table (CSV or JSON lines) to join by --join-on, e.g. "
+                     "NAS-Bench-201's per-architecture results")
+    exp.add_argument("--join-on", default="index", help="the column both tables share (default: %(default)s, "
+                     "NAS-Bench-201's id)")
+    exp.set_defaults(run=cmd_sweep_export)
+    ana = sub.add_parser("analyze", help="RobustART's analysis: robustness vs cost, rank correlations, search "
+                         "dimensions, Pareto fronts")
+    ana.add_argument("--db", required=True)
+    ana.add_argument("--out", required=True, help="folder for the CSV tables, PNG plots and summary.md")
+    ana.set_defaults(run=cmd_sweep_analyze)

@@ -1,0 +1,189 @@
+"""A plan as items: the units that a population evaluation runs and a sweep stores.
+
+A plan expands into items: the clean pass, each ``[[attacks]]`` entry (all its epsilons
+and restarts, which share one program), each corruption at each severity and each
+system-noise variant (decoder x resize). Running an item on a population gives, per
+network, per figure of the item (one per epsilon of an attack sweep, one otherwise) and
+per evaluated example, whether the network classified the example correctly under that
+item. Every figure (accuracy, robust accuracy, attack success rate, worst case over
+attacks, WCAR) is a mean over these outcomes, so it can be recomputed from them later.
+
+An item's ``key`` hashes what its outcome depends on: its settings, the plan's seed and
+batch size (attack keys are drawn per batch). Random keys are those of
+``robustjax evaluate``: attack batch ``b`` gets ``fold_in(key(seed), b)``, corruption
+``c`` at severity ``s`` gets ``fold_in(fold_in(fold_in(key(seed), c), s), b)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import io
+import json
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from robustjax import noise
+from robustjax.classifier import Classifier
+from robustjax.data.dataset import ImageDataset, from_arrays
+from robustjax.evaluation.parallel import DataParallel
+from robustjax.evaluation.plan import AttackRun, Plan
+
+UNSUPPORTED = ("sequences", "metrics")
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One unit of a plan. ``settings`` is JSON-ready and, with the plan's seed and batch
+    size, determines the outcome; ``labels`` names each figure the item produces."""
+
+    kind: str  # "clean" | "attack" | "corruption" | "system_noise"
+    settings: dict = dataclasses.field(hash=False)
+    labels: tuple[str, ...]
+    run: Any = dataclasses.field(default=None, compare=False, repr=False)  # the AttackRun of an attack item
+
+    def key_for(self, plan: Plan) -> str:
+        text = json.dumps({"kind": self.kind, "settings": self.settings, "seed": plan.seed,
+                           "batch_size": plan.batch_size}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_population_plan(plan: Plan) -> None:
+    """Refuses, before any work, plan items that populations do not run yet."""
+    present = [name for name in UNSUPPORTED if getattr(plan, name) is not None]
+    if present:
+        raise ValueError(f"plan items {present} do not apply to populations yet (clean, [[attacks]], "
+                         "[corruptions] and [system_noise] do); remove them, or evaluate networks one at a time "
+                         "with `robustjax evaluate`")
+
+
+def attack_label(run: AttackRun, params: dict) -> str:
+    """``"pgd eps=0.1"``: the attack and, when it has one, its epsilon."""
+    return f"{run.attack.name} eps={params['eps']:g}" if "eps" in params else run.attack.name
+
+
+def expand(plan: Plan) -> list[Item]:
+    """The plan's items, in the order they run; figure labels are unique within the plan
+    (a repeated attack label gains its entry's position, ``"pgd eps=0.1 #3"``)."""
+    check_population_plan(plan)
+    items = [Item("clean", {}, ("clean",))]
+    seen: set[str] = {"clean"}
+    for position, run in enumerate(plan.runs):
+        labels = []
+        for params in run.entries():
+            label = attack_label(run, params)
+            labels.append(f"{label} #{position}" if label in seen else label)
+            seen.add(labels[-1])
+        settings = {"attack": run.attack.name, "params": run.attack.params(), "eps": list(run.eps),
+                    "restarts": run.restarts}
+        items.append(Item("attack", settings, tuple(labels), run))
+    if plan.corruptions is not None:
+        for index, name in enumerate(plan.corruptions.names):
+            for severity in plan.corruptions.severities:
+                settings = {"name": name, "severity": severity, "preset": plan.corruptions.preset, "index": index}
+                items.append(Item("corruption", settings, (f"{name} {severity}",)))
+    if plan.system_noise is not None:
+        for variant in plan.system_noise.variants():
+            settings = {"decoder": variant.decoder, "resize": variant.resize, "quality": plan.system_noise.quality}
+            items.append(Item("system_noise", settings, (f"{variant.decoder}+{variant.resize}",)))
+    return items
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _predict(axes: Any, classifier: Classifier, x: jax.Array) -> jax.Array:
+    """(networks, batch) predicted classes."""
+    return jax.vmap(lambda p: jnp.argmax(classifier.replace(params=p)(x), -1), in_axes=(axes,))(classifier.params)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _attack_success(run: AttackRun, axes: Any, classifier: Classifier, x: jax.Array, y: jax.Array,
+                    key: jax.Array) -> jax.Array:
+    """(networks, epsilons, batch) success of the run's attack on every network, same key."""
+    def one(params):
+        member = classifier.replace(params=params)
+        if run.swept:
+            return run.attack.sweep(member, x, y, key=key, eps=run.eps, restarts=run.restarts).success
+        return run.attack(member, x, y, key=key).success[None]
+
+    return jax.vmap(one, in_axes=(axes,))(classifier.params)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _corrupt(name: str, severity: int, preset: str, x: jax.Array, key: jax.Array) -> jax.Array:
+    return noise.corruption_fn(name, severity, preset)(x, key)
+
+
+class ItemRunner:
+    """Runs items on populations over one dataset: the evaluated examples are read once
+    and kept as sharded batches; the system-noise images are made once per variant."""
+
+    def __init__(self, dataset: ImageDataset, plan: Plan, parallel: DataParallel | None = None):
+        check_population_plan(plan)
+        self.dataset, self.plan = dataset, plan
+        self.parallel = parallel or DataParallel(plan.batch_size)
+        self.batches = list(self.parallel.batches(dataset, plan.num_examples))
+        self.seed_key = jax.random.key(plan.seed)
+        self._variant_batches: dict[tuple, list] = {}
+
+    def run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
+        """(networks, figures, examples) bool: correct under ``item``, per network."""
+        classifier = self.parallel.replicate(classifier)
+        if item.kind == "attack":
+            correct = self._correct(classifier, axes, self.batches)
+            success = np.concatenate([
+                np.asarray(_attack_success(item.run, axes, classifier, x, y, jax.random.fold_in(self.seed_key, b)))
+                [:, :, mask] for b, (x, y, mask) in enumerate(self.batches)], axis=2)
+            return correct[:, None] & ~success
+        if item.kind == "corruption":
+            s = item.settings
+            preset = s["preset"] or noise.default_preset(tuple(self.dataset.image_shape))
+            key = jax.random.fold_in(jax.random.fold_in(self.seed_key, s["index"]), s["severity"])
+            corrupted = [(_corrupt(s["name"], s["severity"], preset, x, jax.random.fold_in(key, b)), y, mask)
+                         for b, (x, y, mask) in enumerate(self.batches)]
+            return self._correct(classifier, axes, corrupted)[:, None]
+        if item.kind == "system_noise":
+            return self._correct(classifier, axes, self._system_noise_batches(item.settings))[:, None]
+        return self._correct(classifier, axes, self.batches)[:, None]
+
+    @staticmethod
+    def _correct(classifier: Classifier, axes: Any, batches: list) -> np.ndarray:
+        return np.concatenate([(np.asarray(_predict(axes, classifier, x)) == np.asarray(y)[None])[:, mask]
+                               for x, y, mask in batches], axis=1)
+
+    def _system_noise_batches(self, settings: dict) -> list:
+        """The evaluated images JPEG-encoded at the plan's quality, then decoded, resized and
+        centre-cropped back to the dataset's size by the variant (RobustART's ImageNet-S)."""
+        variant = noise.system.SystemNoiseVariant(settings["decoder"], settings["resize"])
+        cache_key = (variant, settings["quality"])
+        if cache_key not in self._variant_batches:
+            images, labels = self.dataset.arrays(limit=self.plan.num_examples)
+            crop = self.dataset.image_shape[0]
+            decoded = []
+            for image in images:  # uint8 all the way, as noise.system.evaluate_system_noise
+                pixels = noise.system.decode(jpeg_bytes(image, settings["quality"]), variant.decoder)
+                pixels = noise.system.center_crop(
+                    noise.system.resize(pixels, variant.resize, noise.system.default_resize(crop)), crop)
+                decoded.append(noise.system.to_grey(pixels) if self.dataset.image_shape[-1] == 1 else pixels)
+            variant_set = from_arrays(np.stack(decoded), labels, num_classes=self.dataset.num_classes,
+                                      name=f"{self.dataset.name} {variant.name}")
+            self._variant_batches[cache_key] = list(self.parallel.batches(variant_set, None))
+        return self._variant_batches[cache_key]
+
+
+def jpeg_bytes(image: np.ndarray, quality: int) -> bytes:
+    """One [0, 1] image (grey or RGB) encoded as JPEG by Pillow."""
+    from PIL import Image
+
+    pixels = np.round(image * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def figures(item: Item, outcome: np.ndarray) -> dict[str, float]:
+    """Accuracy per figure label, from one network's (figures, examples) outcome."""
+    return {label: float(row.mean()) for label, row in zip(item.labels, outcome)}

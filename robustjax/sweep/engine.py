@@ -1,0 +1,233 @@
+"""Sweeps: a plan times a list of networks, evaluated population by population.
+
+A :class:`Sweep` names what results depend on: the plan, the dataset, and where the
+networks come from (subnets of a NAS space's supernet, or zoo / user models). Its
+:class:`Context` (one per process) loads those once and evaluates a chunk of networks: a
+population of subnets (one compiled program per item) or one model, item by item, giving
+result rows for the store. An item that fails on a population is retried network by
+network, so a failure is recorded for the networks it belongs to, with its error.
+
+:func:`run_local` is the local executor: it claims chunks from the store, evaluates them on
+every local device (the example axis sharded) and commits each item's rows as it finishes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from robustjax import data, nas, zoo
+from robustjax.classifier import Classifier
+from robustjax.evaluation.items import Item, ItemRunner, expand, figures
+from robustjax.evaluation.plan import Plan
+from robustjax.evaluation.runner import environment
+from robustjax.nas.population import Population, from_supernet
+from robustjax.nas.recalibrate import DEFAULT_IMAGES, calibration_subset
+from robustjax.sweep.store import Store, pack
+
+# Rough size of a result row beyond its bit-packed outcome: keys, figures, timing.
+ROW_OVERHEAD_BYTES = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """What a sweep evaluates: ``plan`` on ``dataset``/``split``, over the subnets of NAS
+    ``space`` (weights from ``supernet``, a folder of ``nas train``, or the space's bundled
+    supernet; batch norm recalibrated on ``calibration_images`` training images), or over
+    ``models`` (zoo names or ``package.module:function``), one network each."""
+
+    plan: Plan
+    dataset: str = data.DEFAULT_DATASET
+    split: str = "test"
+    data_dir: str | None = None
+    space: str | None = None
+    supernet: str | None = None
+    models: tuple[str, ...] = ()
+    population_size: int = 64
+    calibration_images: int = DEFAULT_IMAGES
+
+    def __post_init__(self):
+        if (self.space is None) == (not self.models):
+            raise ValueError("a sweep runs over a NAS space (--space) or a list of models (--models), one of the two")
+        if isinstance(self.population_size, bool) or not isinstance(self.population_size, int) \
+                or self.population_size < 1:
+            raise ValueError(f"population_size must be an integer >= 1, got {self.population_size!r}")
+
+
+def _digest(arrays: Sequence[np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:16]
+
+
+class Context:
+    """A sweep's inputs, loaded once per process: the dataset and its batches, the items,
+    the supernet and calibration images, or the models."""
+
+    def __init__(self, sweep: Sweep):
+        self.sweep = sweep
+        self.dataset = data.load(sweep.dataset, sweep.split, data_dir=sweep.data_dir)
+        self.items = expand(sweep.plan)
+        self.by_key = {item.key_for(sweep.plan): item for item in self.items}
+        self.runner = ItemRunner(self.dataset, sweep.plan)
+        if sweep.space is not None:
+            space = nas.space(sweep.space)
+            if sweep.supernet is not None:
+                self.supernet = nas.Supernet.load(sweep.supernet, space=space)
+            elif space.name in nas.models.EMBEDDED:
+                self.supernet = nas.models.embedded_supernet(space.name)
+            else:
+                raise ValueError(f"{space.name} has no bundled supernet: pass --supernet DIR (from `robustjax nas "
+                                 "train`)")
+            train = data.load(sweep.dataset, "train", data_dir=sweep.data_dir)
+            self.calibration = calibration_subset(train, sweep.calibration_images)
+
+    @functools.cached_property
+    def data_key(self) -> str:
+        """A hash of every evaluated example (images and labels), in order."""
+        batches = self.dataset.batches(self.sweep.plan.batch_size, limit=self.sweep.plan.num_examples)
+        return _digest([a for x, y in batches for a in (x, y)])
+
+    @functools.cached_property
+    def num_examples(self) -> int:
+        limit = self.sweep.plan.num_examples
+        return self.dataset.num_examples if limit is None else min(limit, self.dataset.num_examples)
+
+    @functools.cache
+    def model(self, spec: str) -> Classifier:
+        return zoo.load(spec)
+
+    def definition(self) -> dict:
+        """What the results depend on; a store holds one definition."""
+        sweep = self.sweep
+        if sweep.space is not None:
+            networks = {"space": nas.supernet.describe_space(self.supernet.space),
+                        "weights": _digest(jax.tree.leaves(self.supernet.state)),
+                        "calibration": _digest([self.calibration])}
+        else:
+            networks = {"models": {spec: _digest(jax.tree.leaves(self.model(spec).params)) for spec in sweep.models}}
+        return {"plan": sweep.plan.as_dict(), "items": list(self.by_key),
+                "dataset": {"name": sweep.dataset, "split": sweep.split, "examples": self.num_examples},
+                "data_key": self.data_key, "networks": networks}
+
+    def networks(self, archs: Sequence[Any]) -> list[tuple[str, str, dict]]:
+        """``(arch_id, bucket, card)`` of each network: its id, the shape bucket that decides
+        which networks share a compiled program, and its card (config, params, FLOPs)."""
+        if self.sweep.space is None:
+            return [(spec, spec, {"model": spec, "params": zoo.count_params(self.model(spec).params),
+                                  "flops": int(zoo.count_flops(self.model(spec)))}) for spec in self.sweep.models]
+        space = self.supernet.space
+        configs = [space.resolve(arch) for arch in archs]
+        return [(c.arch_id, str(nas.build.resolution(space, c)), nas.models.network_card(space, c)) for c in configs]
+
+    def population(self, arch_ids: Sequence[str], pad_to: int) -> Population:
+        """The networks ``arch_ids`` as one population, padded with copies of the first
+        network to ``pad_to`` so that every chunk of a bucket shares one program."""
+        if self.sweep.space is None:
+            (spec,) = arch_ids
+            return Population.stack([self.model(spec)])
+        archs = list(arch_ids) + [arch_ids[0]] * (pad_to - len(arch_ids))
+        return from_supernet(self.supernet, archs, calibration=self.calibration)
+
+    def evaluate(self, arch_ids: Sequence[str], missing: dict[str, list[str]], *, pad_to: int,
+                 worker: str) -> Iterator[list[dict]]:
+        """Rows of every (network, item) in ``missing`` (item key -> arch ids), item by item."""
+        wanted = {key: ids for key, ids in missing.items() if ids}
+        if not wanted:
+            return
+        started = time.perf_counter()
+        try:
+            population = self.population(arch_ids, pad_to)
+        except Exception as error:  # every item of these networks fails with it; the sweep goes on
+            for key, ids in wanted.items():
+                yield [self._failed(a, key, error, worker, time.perf_counter() - started) for a in ids]
+            return
+        setup = time.perf_counter() - started
+        for key, ids in wanted.items():
+            yield self._item_rows(population, self.by_key[key], key, ids, worker, setup / len(wanted))
+
+    def _item_rows(self, population: Population, item: Item, key: str, ids: list[str], worker: str,
+                   setup: float) -> list[dict]:
+        started = time.perf_counter()
+        try:
+            outcome = self.runner.run(item, population.classifier, population.axes)
+        except Exception:  # find the networks it fails on, one at a time
+            return [self._alone(item, key, arch_id, worker) for arch_id in ids]
+        seconds = (time.perf_counter() - started + setup) / len(population)
+        position = {arch_id: i for i, arch_id in enumerate(population.arch_ids)}
+        return [self._ok(arch_id, key, item, outcome[position[arch_id]], worker, seconds) for arch_id in ids]
+
+    def _alone(self, item: Item, key: str, arch_id: str, worker: str) -> dict:
+        started = time.perf_counter()
+        try:
+            population = self.population([arch_id], 1)
+            outcome = self.runner.run(item, population.classifier, population.axes)[0]
+        except Exception as error:  # recorded for this network; the sweep goes on
+            return self._failed(arch_id, key, error, worker, time.perf_counter() - started)
+        return self._ok(arch_id, key, item, outcome, worker, time.perf_counter() - started)
+
+    def _ok(self, arch_id: str, key: str, item: Item, outcome: np.ndarray, worker: str, seconds: float) -> dict:
+        return {"arch_id": arch_id, "item_key": key, "status": "ok", "figures": figures(item, outcome),
+                "outcome": pack(outcome), "examples": outcome.shape[-1], "error": None, "seconds": seconds,
+                "worker": worker}
+
+    @staticmethod
+    def _failed(arch_id: str, key: str, error: Exception, worker: str, seconds: float) -> dict:
+        return {"arch_id": arch_id, "item_key": key, "status": "failed", "figures": None, "outcome": None,
+                "examples": None, "error": f"{type(error).__name__}: {error}", "seconds": seconds, "worker": worker}
+
+
+@functools.cache
+def context(sweep: Sweep) -> Context:
+    """The process's context of ``sweep`` (built once)."""
+    return Context(sweep)
+
+
+def open_store(sweep: Sweep, path: str, archs: Sequence[Any]) -> tuple[Store, list[str]]:
+    """The sweep's store at ``path`` (made, or checked to hold this sweep), with the networks
+    ``archs`` added; returns it and the arch ids of ``archs``, in order."""
+    ctx = context(sweep)
+    networks = ctx.networks(archs)
+    row_bytes = ROW_OVERHEAD_BYTES + sum(-(-ctx.num_examples * len(i.labels) // 8) for i in ctx.items)
+    store = Store.open(path, ctx.definition(), environment=environment(), expected_bytes=len(networks) * row_bytes)
+    store.set_items((key, item.kind, item.settings, item.labels) for key, item in ctx.by_key.items())
+    store.add_networks(networks)
+    return store, [arch_id for arch_id, _, _ in networks]
+
+
+def chunk_size(sweep: Sweep, store: Store, selection: Sequence[str]) -> Callable[[str], int]:
+    """Per bucket, how many networks a population holds: the population size, or the
+    bucket's share of the selection when that is smaller (a population is not padded
+    beyond the networks there are)."""
+    if sweep.space is None:
+        return lambda bucket: 1
+    buckets = {arch_id: bucket for arch_id, bucket, _ in store.networks()}
+    counts: dict[str, int] = {}
+    for arch_id in selection:
+        counts[buckets[arch_id]] = counts.get(buckets[arch_id], 0) + 1
+    return lambda bucket: min(sweep.population_size, counts[bucket])
+
+
+def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: str, lease_s: float = 1800.0,
+              on_chunk: Callable[[list[str]], None] | None = None) -> None:
+    """Claims and evaluates chunks of ``selection`` until none is left to claim, committing
+    each item's rows as it finishes; ``on_chunk`` receives each finished chunk's arch ids."""
+    ctx = context(sweep)
+    size_of = chunk_size(sweep, store, selection)
+    buckets = {arch_id: bucket for arch_id, bucket, _ in store.networks()}
+    while chunk := store.claim(worker, list(selection), lease_s, lambda arch_id: size_of(buckets[arch_id])):
+        for rows in ctx.evaluate(chunk, store.missing(chunk), pad_to=size_of(buckets[chunk[0]]), worker=worker):
+            store.commit(rows)
+            store.renew(worker, lease_s)
+        store.release(worker, chunk)
+        if on_chunk is not None:
+            on_chunk(chunk)
+

@@ -1,0 +1,123 @@
+"""A sweep's store as a table: one row per network, with its config columns (the search
+dimensions), its cost and every figure; written as CSV, JSON lines or Parquet (pyarrow).
+
+Search dimensions: an NB201 cell's op on each edge (``edge_1<-0`` ...); a BigNAS subnet's
+resolution and, per stage or block, ``width_i``, ``depth_i``, ``kernel_i``, ``expand_i``.
+Figures are accuracies over the evaluated examples, recomputed from the stored per-example
+outcomes: ``clean``, each attack entry's robust accuracy, each corruption and system-noise
+variant's accuracy, and for every threat model (norm, epsilon) that two or more attacks
+share, the worst case over them (``worst linf eps=0.1``: an example counts as robust only
+if every attack failed on it). A figure whose item failed or has not run is empty.
+
+NB201 rows carry NAS-Bench-201's own ``index`` (and the ``canonical_index`` of the
+isomorphism class), so they join the published datasets by id (``join``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from robustjax.nas.nb201 import EDGES
+from robustjax.sweep.analyze import Table
+from robustjax.sweep.store import Store
+
+FORMATS = ("csv", "jsonl", "parquet")
+BIGNAS_DIMENSIONS = {"widths": "width", "depths": "depth", "kernels": "kernel", "expand_ratios": "expand"}
+
+
+def config_columns(card: dict) -> dict:
+    """The search-dimension columns of a network card."""
+    if "ops" in card:
+        return {f"edge_{node}<-{source}": op for (node, source), op in zip(EDGES, card["ops"])}
+    if "config" in card:
+        columns = {"resolution": card["config"]["resolution"]}
+        for field, name in BIGNAS_DIMENSIONS.items():
+            columns.update({f"{name}_{i}": value for i, value in enumerate(card["config"][field])})
+        return columns
+    return {}
+
+
+def _worst_cases(items: list[dict], outcomes: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per (norm, eps) shared by two or more attack figures: the accuracy of the examples no
+    attack fooled."""
+    budgets: dict[tuple, list[str]] = {}
+    for item in items:
+        if item["kind"] != "attack":
+            continue
+        norm = item["settings"]["params"].get("norm", "linf")
+        eps_list = item["settings"]["eps"]
+        for label, eps in zip(item["labels"], eps_list):
+            budgets.setdefault((norm, eps), []).append(label)
+    worst = {}
+    for (norm, eps), labels in budgets.items():
+        if len(labels) > 1:
+            present = [outcomes[label] for label in labels if label in outcomes]
+            key = f"worst {norm} eps={eps:g}"
+            worst[key] = float(np.logical_and.reduce(present).mean()) if len(present) == len(labels) else None
+    return worst
+
+
+def table(store: Store) -> Table:
+    """The sweep as an analysis table: one row per network, in the sweep's order."""
+    items = store.items()
+    by_key = {item["item_key"]: item for item in items}
+    outcomes: dict[str, dict[str, np.ndarray]] = {}
+    errors: dict[str, list[str]] = {}
+    for row in store.results():
+        item = by_key[row["item_key"]]
+        if row["status"] == "ok":
+            outcomes.setdefault(row["arch_id"], {}).update(zip(item["labels"], row["outcome"]))
+        else:
+            errors.setdefault(row["arch_id"], []).append(f"{', '.join(item['labels'])}: {row['error']}")
+    labels = [label for item in items for label in item["labels"]]
+    rows, dimensions = [], {}
+    for arch_id, _, card in store.networks():
+        mine = outcomes.get(arch_id, {})
+        dims = config_columns(card)
+        dimensions.update(dict.fromkeys(dims))
+        figures = {label: float(mine[label].mean()) if label in mine else None for label in labels}
+        rows.append({"arch_id": arch_id, **{k: card[k] for k in ("index", "canonical_index", "arch_string")
+                                             if k in card},
+                     **dims, "params": card.get("params"), "macs": card.get("macs"), "flops": card.get("flops"),
+                     **figures, **_worst_cases(items, mine), "errors": "; ".join(errors.get(arch_id, []))})
+    figure_names = [*labels, *(k for k in (rows[0] if rows else {}) if k.startswith("worst "))]
+    return Table(rows=rows, dimensions=tuple(dimensions), figures=tuple(figure_names))
+
+
+def join(rows: list[dict], path: str | Path, on: str = "index", prefix: str = "published_") -> list[dict]:
+    """``rows`` with the columns of a published table (CSV or JSON lines, e.g. NAS-Bench-201's
+    or NAS-RobBench-201's per-architecture figures) whose ``on`` column matches, prefixed."""
+    path = Path(path)
+    with path.open() as file:
+        theirs = [json.loads(line) for line in file if line.strip()] if path.suffix == ".jsonl" \
+            else list(csv.DictReader(file))
+    if theirs and on not in theirs[0]:
+        raise ValueError(f"{path} has no {on!r} column to join on (its columns: {sorted(theirs[0])})")
+    by_key = {str(row[on]): row for row in theirs}
+    return [{**row, **{f"{prefix}{k}": v for k, v in by_key.get(str(row.get(on)), {}).items() if k != on}}
+            for row in rows]
+
+
+def write(rows: list[dict], path: str | Path, fmt: str) -> Path:
+    """Writes ``rows`` as ``fmt`` (csv, jsonl or parquet)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    path = Path(path)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows]), path)
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        with path.open("w", newline="") as file:
+            writer = csv.DictWriter(file, columns)
+            writer.writeheader()
+            writer.writerows(rows)
+    return path

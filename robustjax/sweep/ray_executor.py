@@ -1,0 +1,88 @@
+"""The Ray executor: one task per population batch on a Ray cluster (the ``ray`` extra).
+
+The driver claims chunks from the store as the local executor does, keeps one task in
+flight per worker slot (a GPU each, or a CPU each on a cluster without GPUs), and commits
+each finished task's rows itself: the store's only writer is the driver. A task whose
+worker dies is retried by Ray (``max_retries``); a task that still fails has its claims
+released, so a later run takes its networks up again.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+
+from robustjax.sweep.engine import Sweep, chunk_size, context
+from robustjax.sweep.store import Store
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _evaluate_task(sweep: Sweep, arch_ids: list[str], missing: dict[str, list[str]], pad_to: int,
+                   worker: str) -> list[dict]:
+    """On a Ray worker: every missing (network, item) row of one population batch."""
+    return [row for rows in context(sweep).evaluate(arch_ids, missing, pad_to=pad_to, worker=worker) for row in rows]
+
+
+def check_reachable(address: str) -> None:
+    """Fails fast, naming ``address``, when no Ray head answers at ``host:port``."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"--ray takes 'auto' or HOST:PORT of a Ray head, got {address!r}")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise ConnectionError(f"no Ray cluster answers at {address} ({error}); start one with `ray start --head` "
+                              "or check the address") from None
+
+
+def connect(address: str):
+    """``ray`` connected to the cluster at ``address`` ("auto": the one this machine runs)."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("the Ray executor needs ray: pip install 'robustjax[ray]'") from None
+    if address != "auto":
+        check_reachable(address)
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False, include_dashboard=False)
+        except ConnectionError as error:
+            raise ConnectionError(f"cannot join the Ray cluster at {address}: {error}") from None
+    return ray
+
+
+def run_ray(sweep: Sweep, store: Store, selection: Sequence[str], *, address: str, worker: str,
+            lease_s: float = 1800.0, max_retries: int = 3, on_chunk: Callable[[list[str]], None] | None = None,
+            log: Callable[[str], None] | None = None) -> None:
+    """Evaluates the chunks of ``selection`` as Ray tasks until none is left to claim."""
+    ray = connect(address)
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    slots = gpus or max(1, int(resources.get("CPU", 1)))
+    task = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=max_retries)(_evaluate_task)
+    size_of = chunk_size(sweep, store, selection)
+    buckets = {arch_id: bucket for arch_id, bucket, _ in store.networks()}
+    in_flight: dict = {}
+    remaining = list(selection)
+    while True:
+        while len(in_flight) < slots:
+            chunk = store.claim(worker, remaining, lease_s, lambda arch_id: size_of(buckets[arch_id]))
+            if not chunk:
+                break
+            ref = task.remote(sweep, chunk, store.missing(chunk), size_of(buckets[chunk[0]]), worker)
+            in_flight[ref] = chunk
+        if not in_flight:
+            return
+        done, _ = ray.wait(list(in_flight), num_returns=1)
+        chunk = in_flight.pop(done[0])
+        try:
+            store.commit(ray.get(done[0]))
+        except ray.exceptions.RayError as error:  # retries spent: a later run takes these networks up again
+            remaining = [arch_id for arch_id in remaining if arch_id not in chunk]
+            if log is not None:
+                log(f"task for {len(chunk)} networks failed after {max_retries} retries: {error}")
+        store.release(worker, chunk)
+        store.renew(worker, lease_s)
+        if on_chunk is not None:
+            on_chunk(chunk)
