@@ -122,7 +122,7 @@ class Context:
         """``(arch_id, bucket, card)`` of each network: its id, the shape bucket that decides
         which networks share a compiled program, and its card (config, params, FLOPs)."""
         if self.sweep.space is None:
-            return [(spec, spec, {"model": spec, "params": zoo.count_params(self.model(spec).params),
+            return [(spec, spec, {"model": spec, "params": zoo.count_params(self.model(spec)),
                                   "flops": int(zoo.count_flops(self.model(spec)))}) for spec in self.sweep.models]
         space = self.supernet.space
         configs = [space.resolve(arch) for arch in archs]

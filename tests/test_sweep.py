@@ -1,0 +1,188 @@
+"""Sweeps: the store keeps each (network, item) once and refuses another sweep; claims free
+when their worker dies; a sweep's rows are the population evaluation's results; an item
+that fails is recorded for its network and the sweep goes on; export and analysis."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import robustjax as rj
+from robustjax.cli import main
+from robustjax.evaluation.plan import plan_from_dict
+from robustjax.evaluation.population import evaluate_population
+from robustjax.sweep import Store, Sweep, SweepMismatch, engine, export, open_store, run_local
+from robustjax.sweep.store import pack, unpack, worker_id
+
+PLAN = plan_from_dict({"batch_size": 16, "num_examples": 24, "attacks": [
+    {"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": [0.05, 0.1], "steps": 3}],
+    "corruptions": {"names": ["gaussian_noise"], "severities": [3]},
+    "system_noise": {"decoders": ["pil"], "resizes": ["pil-bilinear"]}})
+
+
+def test_outcomes_pack_to_one_bit_per_example_and_back():
+    rng = np.random.default_rng(0)
+    for shape in [(1, 1), (2, 7), (3, 256), (1, 1001)]:
+        outcome = rng.random(shape) < 0.5
+        blob = pack(outcome)
+        assert len(blob) == shape[0] * -(-shape[1] // 8)
+        np.testing.assert_array_equal(unpack(blob, *shape), outcome)
+
+
+def _store(tmp_path, definition=None):
+    return Store.open(tmp_path / "s.sqlite", definition or {"plan": 1, "data_key": "d"})
+
+
+def test_store_refuses_another_sweep_and_says_how_to_start_anew(tmp_path):
+    _store(tmp_path).close()
+    with pytest.raises(SweepMismatch, match=r"holds another sweep: its plan differ.*Pass a new --db"):
+        _store(tmp_path, {"plan": 2, "data_key": "d"})
+    _store(tmp_path).close()  # the same sweep opens again
+
+
+def test_store_fails_before_any_work_on_an_unwritable_file_or_a_full_disk(tmp_path):
+    (tmp_path / "s.sqlite").mkdir()  # not a file SQLite can write, whoever runs the test
+    with pytest.raises(OSError, match="cannot write the sweep database"):
+        _store(tmp_path)
+    with pytest.raises(OSError, match="MiB free on its disk"):
+        Store.open(tmp_path / "other.sqlite", {"data_key": "d"}, expected_bytes=1 << 60)
+
+
+def test_claims_are_exclusive_and_free_again_when_the_worker_dies_or_the_lease_expires(tmp_path):
+    store = _store(tmp_path)
+    store.set_items([("clean", "clean", {}, ("clean",))])
+    store.add_networks([(f"n{i}", "b0" if i < 4 else "b1", {}) for i in range(6)])
+    ids = [f"n{i}" for i in range(6)]
+    alive = worker_id()
+    assert store.claim(alive, ids, 60, lambda a: 3) == ["n0", "n1", "n2"]
+    assert store.claim(alive, ids, 60, lambda a: 3) == ["n3"]  # one bucket per chunk
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = f"{alive.split(':')[0]}:{dead.stdout.strip()}:x"
+    assert store.claim(gone, ids, 60, lambda a: 3) == ["n4", "n5"]
+    assert store.claim(alive, ids, 60, lambda a: 3) == ["n4", "n5"]  # its process is gone
+    store.release(alive, ["n0"])
+    assert store.claim("elsewhere:1:x", ids, -1, lambda a: 3) == ["n0"]  # a lease that has expired
+    assert store.claim(alive, ids, 60, lambda a: 3) == ["n0"]
+    store.commit([{"arch_id": "n1", "item_key": "clean", "status": "ok", "figures": {"clean": 1.0},
+                   "outcome": pack(np.ones((1, 3), bool)), "examples": 3, "seconds": 0.0, "worker": alive}])
+    assert store.commit([{"arch_id": "n1", "item_key": "clean", "status": "ok", "figures": {"clean": 0.0},
+                          "outcome": pack(np.zeros((1, 3), bool)), "examples": 3, "seconds": 0.0,
+                          "worker": alive}]) == 0  # a row is never written twice
+    store.release(alive, ids)
+    assert store.done() == {"n1"}
+    assert store.claim(alive, ids, 60, lambda a: 6)[:2] == ["n0", "n2"]
+
+
+@pytest.fixture(scope="module")
+def nb201_sweep(tmp_path_factory):
+    sweep = Sweep(PLAN, space="nb201_digits", population_size=4, calibration_images=256)
+    archs = [11472, 0, 9, 1200, 15624]  # two populations: 4, then 1 padded to 4
+    store, ids = open_store(sweep, str(tmp_path_factory.mktemp("sweep") / "s.sqlite"), archs)
+    run_local(sweep, store, ids, worker=worker_id())
+    return sweep, store, archs
+
+
+def test_sweep_rows_are_the_population_results(nb201_sweep):
+    sweep, store, archs = nb201_sweep
+    context = engine.context(sweep)
+    expected = evaluate_population(context.supernet, archs, context.dataset, PLAN,
+                                   calibration=context.calibration, population_size=4)
+    rows = {(r["arch_id"], r["item_key"]): r for r in store.results()}
+    assert len(rows) == len(archs) * len(context.items) and all(r["status"] == "ok" for r in rows.values())
+    for result in expected:
+        for key, item in context.by_key.items():
+            row = rows[(result["arch_id"], key)]
+            for label, outcome in zip(item.labels, row["outcome"]):
+                np.testing.assert_array_equal(outcome, result["per_example"][label])
+                assert row["figures"][label] == result["per_example"][label].mean()
+    table = export.table(store)
+    assert [r["arch_id"] for r in table.rows] == [f"nb201:{a}" for a in archs]
+    resnet = table.rows[0]
+    assert resnet["index"] == 11472 and resnet["edge_1<-0"] == "nor_conv_3x3" and resnet["params"] > 0
+    assert resnet["clean"] == expected[0]["clean_accuracy"]
+    robust = expected[0]["per_example"]
+    assert resnet["worst linf eps=0.1"] == (robust["fgsm eps=0.1"] & robust["pgd eps=0.1"]).mean()
+
+
+def test_a_finished_sweep_reruns_nothing(nb201_sweep):
+    sweep, store, archs = nb201_sweep
+    before = store.status()["rows"]
+    calls = []
+    context = engine.context(sweep)
+    original = context.runner.run
+    context.runner.run = lambda *a: calls.append(a) or original(*a)
+    try:
+        run_local(sweep, store, [f"nb201:{a}" for a in archs], worker=worker_id())
+    finally:
+        context.runner.run = original
+    assert calls == [] and store.status()["rows"] == before
+
+
+def test_an_item_that_fails_on_one_network_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
+    sweep = Sweep(plan, models=("digits_cnn", "digits_mlp"))
+    context = engine.context(sweep)
+    mlp_params = rj.zoo.count_params(context.model("digits_mlp"))
+    original = context.runner.run
+
+    def run(item, classifier, axes):
+        if item.kind == "attack" and rj.zoo.count_params(classifier) == mlp_params:
+            raise RuntimeError("boom on the mlp")
+        return original(item, classifier, axes)
+
+    monkeypatch.setattr(context.runner, "run", run)
+    store, ids = open_store(sweep, str(tmp_path / "s.sqlite"), sweep.models)
+    run_local(sweep, store, ids, worker=worker_id())
+    rows = {(r["arch_id"], r["status"]) for r in store.results()}
+    assert rows == {("digits_cnn", "ok"), ("digits_mlp", "ok"), ("digits_mlp", "failed")}
+    failed = [r for r in store.results() if r["status"] == "failed"][0]
+    assert failed["error"] == "RuntimeError: boom on the mlp"
+    table = export.table(store)
+    mlp = table.rows[1]
+    assert mlp["fgsm eps=0.1"] is None and "boom on the mlp" in mlp["errors"] and mlp["clean"] > 0.9
+
+
+def test_cli_export_formats_join_status_and_analysis(nb201_sweep, tmp_path, capsys):
+    _, store, archs = nb201_sweep
+    db = str(store.path)
+    assert main(["sweep", "status", "--db", db]) == 0
+    assert f"{len(archs)}/{len(archs)} networks done" in capsys.readouterr().out
+    published = tmp_path / "published.csv"
+    published.write_text("index,test_accuracy\n11472,93.76\n0,10.0\n")
+    assert main(["sweep", "export", "--db", db, "--out", str(tmp_path / "r.csv"), "--join", str(published)]) == 0
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert rows[0]["published_test_accuracy"] == "93.76" and rows[2].get("published_test_accuracy") in ("", None)
+    assert main(["sweep", "export", "--db", db, "--format", "jsonl", "--out", str(tmp_path / "r.jsonl")]) == 0
+    lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert main(["sweep", "export", "--db", db, "--format", "parquet", "--out", str(tmp_path / "r.parquet")]) == 0
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "r.parquet").to_pylist() == lines
+    assert main(["sweep", "analyze", "--db", db, "--out", str(tmp_path / "analysis")]) == 0
+    summary = (tmp_path / "analysis" / "summary.md").read_text()
+    assert f"{len(archs)} networks" in summary and (tmp_path / "analysis" / "scatter_flops.png").is_file()
+
+
+def test_cli_refuses_another_plan_on_the_same_database(nb201_sweep, capsys):
+    _, store, _ = nb201_sweep
+    code = main(["sweep", "run", "--db", str(store.path), "--ids", "0", "--plan", "whitebox", "--quiet"])
+    assert code == 2 and "holds another sweep" in capsys.readouterr().err
+
+
+def test_cli_fails_fast_on_an_unreachable_ray_address(tmp_path, capsys):
+    code = main(["sweep", "run", "--db", str(tmp_path / "s.sqlite"), "--ray", "127.0.0.1:9", "--quiet"])
+    assert code == 2 and "no Ray cluster answers at 127.0.0.1:9" in capsys.readouterr().err
+    assert not (tmp_path / "s.sqlite").exists()
+
+
+def test_store_file_is_plain_sqlite_in_wal_mode(nb201_sweep):
+    _, store, _ = nb201_sweep
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        environment = json.loads(db.execute("SELECT value FROM meta WHERE key = 'environment'").fetchone()[0])
+    assert environment["robustjax"] == rj.__version__
