@@ -125,7 +125,8 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
                       highlight=False)
 
     results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
-                                  population_size=args.population_size, on_population=progress)
+                                  population_size=args.population_size, network_shards=args.network_shards,
+                                  on_population=progress)
     table = Table(title=f"{len(results)} networks of {space.name} on {dataset.name}", title_justify="left")
     for column in ("network", "MFLOPs", "clean", *[f"{r['name']} {r['params'].get('eps', '')}"
                                                      for r in results[0]["attacks"]]):
@@ -179,5 +180,7 @@ def add_nas_commands(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
     ev.add_argument("--population-size", type=int, default=64, help="networks per compiled program "
                     "(default: %(default)s)")
+    ev.add_argument("--network-shards", type=int, default=1, help="devices the networks of a population split "
+                    "over; the others split the examples (default: %(default)s)")
     ev.add_argument("--out", help="JSON file for the per-network results")
     ev.set_defaults(run=cmd_nas_evaluate)

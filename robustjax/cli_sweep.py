@@ -41,7 +41,8 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
     if args.num_examples is not None:
         plan = dataclasses.replace(plan, num_examples=args.num_examples)
     common = {"plan": plan, "dataset": args.dataset, "split": args.split, "data_dir": args.data_dir,
-              "population_size": args.population_size, "calibration_images": args.calibration_images}
+              "population_size": args.population_size, "calibration_images": args.calibration_images,
+              "network_shards": args.network_shards}
     if args.models:
         if args.space or args.ids or args.all or args.n is not None or args.supernet:
             raise ValueError("--models runs a list of models; --space, --ids, --n, --all and --supernet apply to "
@@ -183,6 +184,8 @@ def add_sweep_commands(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--data-dir", help="tfds data directory")
     run.add_argument("--population-size", type=int, default=64, help="networks per compiled program "
                      "(default: %(default)s)")
+    run.add_argument("--network-shards", type=int, default=1, help="devices the networks of a population split "
+                     "over; the others split the examples (default: %(default)s)")
     run.add_argument("--calibration-images", type=int, default=DEFAULT_IMAGES,
                      help="training images that recalibrate each subnet's batch norm (default: %(default)s)")
     run.add_argument("--ray", help="run on a Ray cluster: 'auto' or HOST:PORT of its head (needs robustjax[ray])")

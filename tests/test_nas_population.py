@@ -2,13 +2,14 @@
 evaluated alone, compile once per population size, and shard like one network."""
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
 import pytest
 
 import robustjax as rj
-from robustjax.evaluation import evaluate
+from robustjax.evaluation import evaluate, items
 from robustjax.evaluation.items import ItemRunner
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import plan_from_dict
@@ -60,17 +61,29 @@ def test_one_compile_per_population_size(calibration):
     assert compiles[0] == 0 and len(results) == 64
 
 
-def test_sharded_over_eight_devices_equals_one_device(calibration):
+@pytest.mark.parametrize("network_shards", [1, 4])
+def test_sharded_over_eight_devices_equals_one_device(calibration, network_shards):
+    """Examples over 8 devices, and a 4 (networks) x 2 (examples) mesh, against 1 device."""
     assert jax.local_device_count() == 8
     supernet = rj.nas.models.embedded_supernet("bignas_resnet_basic_digits")
     population = from_supernet(supernet, supernet.space.sample(jax.random.key(1), 4), calibration=calibration)
     dataset = rj.data.digits("test")
-    eight = evaluate_population_batch(population, dataset, SMALL_PLAN,
-                                      ItemRunner(dataset, SMALL_PLAN, DataParallel(SMALL_PLAN.batch_size)))
+    eight = evaluate_population_batch(population, dataset, SMALL_PLAN, ItemRunner(
+        dataset, SMALL_PLAN, DataParallel(SMALL_PLAN.batch_size, network_shards=network_shards)))
     one = evaluate_population_batch(population, dataset, SMALL_PLAN, ItemRunner(
         dataset, SMALL_PLAN, DataParallel(SMALL_PLAN.batch_size, jax.local_devices()[:1])))
     for a, b in zip(eight, one):
         assert a["clean_accuracy"] == b["clean_accuracy"] and a["attacks"] == b["attacks"]
+        for label in a["per_example"]:
+            np.testing.assert_array_equal(a["per_example"][label], b["per_example"][label])
+
+
+def test_network_shards_must_divide_the_devices_and_the_population():
+    with pytest.raises(ValueError, match="network_shards must be an integer >= 1 that divides the 8 devices"):
+        DataParallel(16, network_shards=3)
+    parallel = DataParallel(16, network_shards=4)
+    with pytest.raises(ValueError, match="a population of 6 networks does not split over 4 network shards"):
+        parallel.place_population(np.zeros((6, 2)), 0)
 
 
 def test_stacked_independent_networks():
@@ -99,3 +112,24 @@ def test_bad_populations_are_refused(calibration):
     two = rj.nas.Supernet.create(space, key=jax.random.key(0))
     with pytest.raises(ValueError, match=r"2 resolutions \[6, 8\]"):
         from_supernet(two, [space.smallest(), space.largest()])
+
+
+def test_a_population_too_large_for_memory_names_the_size_that_fits(calibration, monkeypatch):
+    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    archs = [supernet.space.config(i) for i in range(8)]
+    plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
+    dataset = rj.data.digits("test")
+    runner, fgsm = ItemRunner(dataset, plan), items.expand(plan)[1]
+
+    def needed(networks: int) -> int:
+        population = from_supernet(supernet, archs[:networks])
+        return runner.memory_needed(fgsm, runner.parallel.replicate(population.classifier), population.axes)
+
+    free = needed(8) // 2
+    monkeypatch.setattr(items, "free_memory_bytes", lambda: free)
+    with pytest.raises(items.PopulationTooLarge, match=r"population of 8 networks needs .* at most (\d+) networks "
+                       r"fit; pass population_size=\d+") as error:
+        evaluate_population(supernet, archs, dataset, plan, population_size=8)
+    fits = int(re.search(r"at most (\d+) networks fit", str(error.value)).group(1))
+    assert 1 <= fits < 8 and needed(fits) <= free < needed(fits + 1)
+    assert len(evaluate_population(supernet, archs, dataset, plan, population_size=fits)) == 8

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import io
 import json
+import os
 from typing import Any
 
 import jax
@@ -34,6 +35,10 @@ from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import AttackRun, Plan
 
 UNSUPPORTED = ("sequences", "metrics")
+
+
+class PopulationTooLarge(ValueError):
+    """A population's program needs more memory than the device has free."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +133,12 @@ class ItemRunner:
         self.batches = list(self.parallel.batches(dataset, plan.num_examples))
         self.seed_key = jax.random.key(plan.seed)
         self._variant_batches: dict[tuple, list] = {}
+        self._fits: set[tuple] = set()
 
     def run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
         """(networks, figures, examples) bool: correct under ``item``, per network."""
-        classifier = self.parallel.replicate(classifier)
+        classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
+        self.check_fits(item, classifier, axes)
         if item.kind == "attack":
             correct = self._correct(classifier, axes, self.batches)
             success = np.concatenate([
@@ -148,6 +155,35 @@ class ItemRunner:
         if item.kind == "system_noise":
             return self._correct(classifier, axes, self._system_noise_batches(item.settings))[:, None]
         return self._correct(classifier, axes, self.batches)[:, None]
+
+    def memory_needed(self, item: Item, classifier: Classifier, axes: Any) -> int:
+        """Bytes the item's program over this population needs on one device (XLA's
+        memory analysis of the compiled program, which the run reuses)."""
+        x, y, _ = self.batches[0]
+        if item.kind == "attack":
+            lowered = _attack_success.lower(item.run, axes, classifier, x, y, self.seed_key)
+        else:
+            lowered = _predict.lower(axes, classifier, x)
+        stats = lowered.compile().memory_analysis()
+        return stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
+
+    def check_fits(self, item: Item, classifier: Classifier, axes: Any) -> None:
+        """Raises :class:`PopulationTooLarge`, with the population size that fits, when the
+        item's program needs more memory than a device has free."""
+        networks = _networks(classifier.params, axes)
+        if (item.kind, networks) in self._fits:
+            return
+        needed, free = self.memory_needed(item, classifier, axes), free_memory_bytes()
+        if needed > free:
+            one = self.memory_needed(item, classifier.replace(params=_first(classifier.params, axes)), axes)
+            per_network = max(1, (needed - one) // max(1, networks - 1))
+            fits = max(0, (free - (one - per_network)) // per_network)
+            raise PopulationTooLarge(
+                f"a population of {networks} networks needs about {needed / 2**30:.2f} GiB for {item.labels[0]} "
+                f"({per_network / 2**20:.1f} MiB per network at batch size {self.parallel.batch_size}), and "
+                f"{free / 2**30:.2f} GiB are free: at most {fits} networks fit; pass population_size={fits} "
+                f"(--population-size {fits}) or a smaller batch_size")
+        self._fits.add((item.kind, networks))
 
     @staticmethod
     def _correct(classifier: Classifier, axes: Any, batches: list) -> np.ndarray:
@@ -172,6 +208,30 @@ class ItemRunner:
                                       name=f"{self.dataset.name} {variant.name}")
             self._variant_batches[cache_key] = list(self.parallel.batches(variant_set, None))
         return self._variant_batches[cache_key]
+
+
+def free_memory_bytes() -> int:
+    """Free memory of a local device: its allocator's limit less what is in use, or on the
+    CPU the host's available memory shared by every simulated device."""
+    devices = jax.local_devices()
+    stats = devices[0].memory_stats()
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // len(devices)
+
+
+def _networks(params: Any, axes: Any) -> int:
+    """The length of the network axis (1 for a classifier that is not a population)."""
+    if isinstance(axes, tuple):
+        return max((_networks(p, a) for p, a in zip(params, axes)), default=1)
+    return 1 if axes is None else jax.tree.leaves(params)[0].shape[0]
+
+
+def _first(params: Any, axes: Any) -> Any:
+    """The population of its first network alone (the network axis kept, length 1)."""
+    if isinstance(axes, tuple):
+        return tuple(_first(p, a) for p, a in zip(params, axes))
+    return params if axes is None else jax.tree.map(lambda leaf: leaf[:1], params)
 
 
 def jpeg_bytes(image: np.ndarray, quality: int) -> bytes:

@@ -24,6 +24,7 @@ import numpy as np
 
 from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation.items import ItemRunner, check_population_plan, expand, figures
+from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
 from robustjax.nas.population import Population, from_supernet, resolution_buckets
 from robustjax.nas.recalibrate import calibration_subset
@@ -57,24 +58,35 @@ def evaluate_population_batch(population: Population, dataset: ImageDataset, pla
     return results
 
 
+def padded_size(networks: int, network_shards: int) -> int:
+    """``networks`` rounded up to a multiple of ``network_shards``."""
+    return -(-networks // network_shards) * network_shards
+
+
 def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: ImageDataset, plan: Plan, *,
                         calibration: np.ndarray | ImageDataset | None = None, population_size: int = 64,
+                        network_shards: int = 1,
                         on_population: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Subnets ``archs`` of ``supernet`` under ``plan`` on ``dataset``, as populations of
     ``population_size`` networks; results in the order of ``archs``.
 
     ``calibration`` (images in [0, 1], or a dataset of which a seeded subset of 4,096 is
     read) recalibrates each subnet's batch norm; without it the supernet's statistics are
-    used. ``on_population`` receives each population's results as they are done.
+    used. The local devices form a mesh of ``network_shards`` x the rest: networks split
+    over the first axis, examples over the second (a population is padded to a multiple of
+    ``network_shards``). ``on_population`` receives each population's results as they are
+    done. A population that would not fit in a device's free memory is refused before it
+    runs, naming the size that fits (``evaluation.items.PopulationTooLarge``).
     """
     check_population_plan(plan)
     if not isinstance(population_size, int) or population_size < 1:
         raise ValueError(f"population_size must be an int >= 1, got {population_size!r}")
     images = None if calibration is None else calibration_subset(calibration)
-    runner = ItemRunner(dataset, plan)
+    parallel = DataParallel(plan.batch_size, network_shards=network_shards)
+    runner = ItemRunner(dataset, plan, parallel)
     by_id = {}
     for configs in resolution_buckets(supernet.space, archs).values():
-        size = min(population_size, len(configs))  # a bucket smaller than a population is not padded
+        size = padded_size(min(population_size, len(configs)), network_shards)  # no padding beyond the bucket
         for start in range(0, len(configs), size):
             chunk = configs[start:start + size]
             padded = chunk + [chunk[0]] * (size - len(chunk))  # same shapes: no new compile

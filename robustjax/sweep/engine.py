@@ -25,8 +25,10 @@ import numpy as np
 
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
-from robustjax.evaluation.items import Item, ItemRunner, expand, figures
+from robustjax.evaluation.items import Item, ItemRunner, PopulationTooLarge, expand, figures
+from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
+from robustjax.evaluation.population import padded_size
 from robustjax.evaluation.runner import environment
 from robustjax.nas.population import Population, from_supernet
 from robustjax.nas.recalibrate import DEFAULT_IMAGES, calibration_subset
@@ -52,6 +54,7 @@ class Sweep:
     models: tuple[str, ...] = ()
     population_size: int = 64
     calibration_images: int = DEFAULT_IMAGES
+    network_shards: int = 1  # devices the networks split over (the others split the examples)
 
     def __post_init__(self):
         if (self.space is None) == (not self.models):
@@ -59,6 +62,8 @@ class Sweep:
         if isinstance(self.population_size, bool) or not isinstance(self.population_size, int) \
                 or self.population_size < 1:
             raise ValueError(f"population_size must be an integer >= 1, got {self.population_size!r}")
+        if self.models and self.network_shards != 1:
+            raise ValueError("--network-shards splits a population of subnets; a model sweep runs one model at a time")
 
 
 def _digest(arrays: Sequence[np.ndarray]) -> str:
@@ -77,7 +82,8 @@ class Context:
         self.dataset = data.load(sweep.dataset, sweep.split, data_dir=sweep.data_dir)
         self.items = expand(sweep.plan)
         self.by_key = {item.key_for(sweep.plan): item for item in self.items}
-        self.runner = ItemRunner(self.dataset, sweep.plan)
+        self.runner = ItemRunner(self.dataset, sweep.plan,
+                                 DataParallel(sweep.plan.batch_size, network_shards=sweep.network_shards))
         if sweep.space is not None:
             space = nas.space(sweep.space)
             if sweep.supernet is not None:
@@ -134,6 +140,7 @@ class Context:
         if self.sweep.space is None:
             (spec,) = arch_ids
             return Population.stack([self.model(spec)])
+        pad_to = padded_size(pad_to, self.sweep.network_shards)
         archs = list(arch_ids) + [arch_ids[0]] * (pad_to - len(arch_ids))
         return from_supernet(self.supernet, archs, calibration=self.calibration)
 
@@ -159,6 +166,8 @@ class Context:
         started = time.perf_counter()
         try:
             outcome = self.runner.run(item, population.classifier, population.axes)
+        except PopulationTooLarge:  # the sweep's settings are wrong for every network: stop, saying why
+            raise
         except Exception:  # find the networks it fails on, one at a time
             return [self._alone(item, key, arch_id, worker) for arch_id in ids]
         seconds = (time.perf_counter() - started + setup) / len(population)
