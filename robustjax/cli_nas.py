@@ -126,7 +126,7 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
 
     results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
                                   population_size=args.population_size, network_shards=args.network_shards,
-                                  on_population=progress)
+                                  layout=args.layout, on_population=progress)
     table = Table(title=f"{len(results)} networks of {space.name} on {dataset.name}", title_justify="left")
     for column in ("network", "MFLOPs", "clean", *[f"{r['name']} {r['params'].get('eps', '')}"
                                                      for r in results[0]["attacks"]]):
@@ -182,5 +182,9 @@ def add_nas_commands(commands: argparse._SubParsersAction) -> None:
                     "(default: %(default)s)")
     ev.add_argument("--network-shards", type=int, default=1, help="devices the networks of a population split "
                     "over; the others split the examples (default: %(default)s)")
+    ev.add_argument("--layout", choices=nas.population.LAYOUTS, default="auto",
+                    help="masks: subnets of a resolution share one program over the supernet's shapes; "
+                    "exact: each at its own shapes, one program each; auto: exact only for a lone network "
+                    "(default: %(default)s)")
     ev.add_argument("--out", help="JSON file for the per-network results")
     ev.set_defaults(run=cmd_nas_evaluate)

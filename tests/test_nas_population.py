@@ -5,6 +5,7 @@ import dataclasses
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -133,3 +134,49 @@ def test_a_population_too_large_for_memory_names_the_size_that_fits(calibration,
     fits = int(re.search(r"at most (\d+) networks fit", str(error.value)).group(1))
     assert 1 <= fits < 8 and needed(fits) <= free < needed(fits + 1)
     assert len(evaluate_population(supernet, archs, dataset, plan, population_size=fits)) == 8
+
+
+def test_score_based_attacks_and_streaming_metrics_give_each_network_its_own_result(calibration):
+    """Square (queries only) and streaming accumulators (behaviour ratios, calibration
+    statistics) through ``population.map``: each network's result is the one it gets alone."""
+    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    archs = supernet.space.sample(jax.random.key(3), 3)
+    population = from_supernet(supernet, archs, calibration=calibration)
+    x, y = rj.data.digits("test").arrays(limit=32)
+    square, key = rj.attacks.make("square", eps=0.1, max_queries=40), jax.random.key(5)
+
+    def measured(clf, x, y):
+        result = square(clf, x, y, key=key)
+        logits, logits_adv = clf(x), clf(result.x_adv)
+        success = rj.metrics.behaviour.AttackSuccessRate.empty().update(logits_adv, y)
+        confidence = rj.metrics.behaviour.TrueClassConfidence.empty().update(logits_adv, y)
+        stats = rj.metrics.calibration.CalibrationStats.empty(64).update(
+            rj.metrics.calibration.max_softmax(logits), jnp.argmax(logits, -1) == y)
+        return result.success, result.queries, success, confidence, stats
+
+    together = jax.jit(lambda x, y: population.map(measured, x, y))(x, y)
+    for index, arch in enumerate(archs):
+        alone = jax.jit(measured)(supernet.classifier(arch, calibration=calibration), x, y)
+        np.testing.assert_array_equal(together[0][index], alone[0])
+        np.testing.assert_array_equal(together[1][index], alone[1])
+        for accumulator in (2, 3):
+            mine = jax.tree.map(lambda leaf: leaf[index], together[accumulator])
+            np.testing.assert_allclose(mine.compute(), alone[accumulator].compute(), atol=1e-6)
+        stats = jax.tree.map(lambda leaf: leaf[index], together[4])
+        for name, value in stats.compute().items():
+            np.testing.assert_allclose(value, alone[4].compute()[name], atol=1e-6, err_msg=name)
+
+
+def test_exact_shapes_and_masks_give_the_same_results(calibration):
+    supernet = rj.nas.models.embedded_supernet("bignas_resnet_basic_digits")
+    archs = supernet.space.sample(jax.random.key(4), 2)
+    dataset = rj.data.digits("test")
+    masks = evaluate_population(supernet, archs, dataset, SMALL_PLAN, calibration=calibration, layout="masks")
+    exact = evaluate_population(supernet, archs, dataset, SMALL_PLAN, calibration=calibration, layout="exact")
+    for a, b in zip(masks, exact):
+        assert a["arch_id"] == b["arch_id"] and a["clean_accuracy"] == b["clean_accuracy"]
+        assert a["attacks"] == b["attacks"]
+    assert rj.nas.population.choose_layout("auto", 1) == "exact"
+    assert rj.nas.population.choose_layout("auto", 2) == "masks"
+    with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'exact'\), got 'mask'"):
+        rj.nas.population.choose_layout("mask", 2)

@@ -17,7 +17,7 @@ a population, whose networks share one static batch shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation.items import ItemRunner, check_population_plan, expand, figures
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
-from robustjax.nas.population import Population, from_supernet, resolution_buckets
+from robustjax.nas.population import Population, choose_layout, exact_subnet, from_supernet, resolution_buckets
 from robustjax.nas.recalibrate import calibration_subset
 from robustjax.nas.supernet import Supernet
 
@@ -65,7 +65,7 @@ def padded_size(networks: int, network_shards: int) -> int:
 
 def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: ImageDataset, plan: Plan, *,
                         calibration: np.ndarray | ImageDataset | None = None, population_size: int = 64,
-                        network_shards: int = 1,
+                        network_shards: int = 1, layout: str = "auto",
                         on_population: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Subnets ``archs`` of ``supernet`` under ``plan`` on ``dataset``, as populations of
     ``population_size`` networks; results in the order of ``archs``.
@@ -74,25 +74,39 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     read) recalibrates each subnet's batch norm; without it the supernet's statistics are
     used. The local devices form a mesh of ``network_shards`` x the rest: networks split
     over the first axis, examples over the second (a population is padded to a multiple of
-    ``network_shards``). ``on_population`` receives each population's results as they are
-    done. A population that would not fit in a device's free memory is refused before it
+    ``network_shards``). ``layout`` (``nas.population.choose_layout``) runs a resolution
+    bucket's subnets masked over the supernet's shapes in one program, or each at its own
+    shapes; ``"auto"`` takes exact shapes for a bucket of one. ``on_population`` receives
+    each population's results as they are done. A population that would not fit in a device's free memory is refused before it
     runs, naming the size that fits (``evaluation.items.PopulationTooLarge``).
     """
     check_population_plan(plan)
     if not isinstance(population_size, int) or population_size < 1:
         raise ValueError(f"population_size must be an int >= 1, got {population_size!r}")
+    if layout == "exact" and network_shards != 1:
+        raise ValueError("layout='exact' runs one network per program: it cannot split networks over network_shards")
     images = None if calibration is None else calibration_subset(calibration)
-    parallel = DataParallel(plan.batch_size, network_shards=network_shards)
-    runner = ItemRunner(dataset, plan, parallel)
+    runner = ItemRunner(dataset, plan, DataParallel(plan.batch_size, network_shards=network_shards))
     by_id = {}
     for configs in resolution_buckets(supernet.space, archs).values():
-        size = padded_size(min(population_size, len(configs)), network_shards)  # no padding beyond the bucket
-        for start in range(0, len(configs), size):
-            chunk = configs[start:start + size]
-            padded = chunk + [chunk[0]] * (size - len(chunk))  # same shapes: no new compile
-            population = from_supernet(supernet, padded, calibration=images)
-            results = evaluate_population_batch(population, dataset, plan, runner)[:len(chunk)]
+        for population, networks in _populations(supernet, configs, images, population_size, network_shards, layout):
+            results = evaluate_population_batch(population, dataset, plan, runner)[:networks]
             if on_population is not None:
                 on_population(results)
             by_id.update((r["arch_id"], r) for r in results)
     return [by_id[supernet.space.resolve(arch).arch_id] for arch in archs]
+
+
+def _populations(supernet: Supernet, configs: list, calibration: np.ndarray | None, population_size: int,
+                 network_shards: int, layout: str) -> Iterator[tuple[Population, int]]:
+    """The populations of one resolution bucket, each with how many of its networks are real
+    (the last masked one is padded with copies of its first network: same shapes, no new
+    compile; a bucket smaller than a population is not padded beyond its own size)."""
+    if choose_layout(layout, len(configs) if network_shards == 1 else 2) == "exact":
+        for config in configs:
+            yield exact_subnet(supernet, config, calibration=calibration), 1
+        return
+    size = padded_size(min(population_size, len(configs)), network_shards)
+    for start in range(0, len(configs), size):
+        chunk = configs[start:start + size]
+        yield from_supernet(supernet, chunk + [chunk[0]] * (size - len(chunk)), calibration=calibration), len(chunk)

@@ -106,6 +106,26 @@ def resolution_buckets(space: build.Space, archs: Sequence[Any]) -> dict[int, li
     return buckets
 
 
+LAYOUTS = ("auto", "masks", "exact")
+
+
+def choose_layout(layout: str, networks: int) -> str:
+    """How a bucket of ``networks`` subnets runs: ``"masks"`` (one population over the
+    supernet's shapes, one program for all) or ``"exact"`` (each subnet sliced to its own
+    shapes, one program each). ``"auto"`` takes exact shapes only for a lone network, which
+    has no program to share: on the 2-core CPU, masks give 6.5x the networks per hour of
+    exact shapes, whose compiles dominate (``benchmarks/README.md``, ``nas``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return ("exact" if networks == 1 else "masks") if layout == "auto" else layout
+
+
+def exact_subnet(supernet: Supernet, arch: Any, *, calibration: np.ndarray | None = None) -> Population:
+    """Subnet ``arch`` sliced to its own shapes, as a population of one."""
+    config = supernet.space.resolve(arch)
+    return Population.stack([supernet.subnet(config, calibration=calibration, name=config.arch_id)])
+
+
 def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.ndarray | None = None,
                   batch_size: int = 256) -> Population:
     """Subnets ``archs`` of ``supernet`` as one population: shared weights, per-subnet op

@@ -30,7 +30,7 @@ from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
 from robustjax.evaluation.population import padded_size
 from robustjax.evaluation.runner import environment
-from robustjax.nas.population import Population, from_supernet
+from robustjax.nas.population import Population, choose_layout, exact_subnet, from_supernet
 from robustjax.nas.recalibrate import DEFAULT_IMAGES, calibration_subset
 from robustjax.sweep.store import Store, pack
 
@@ -136,10 +136,13 @@ class Context:
 
     def population(self, arch_ids: Sequence[str], pad_to: int) -> Population:
         """The networks ``arch_ids`` as one population, padded with copies of the first
-        network to ``pad_to`` so that every chunk of a bucket shares one program."""
+        network to ``pad_to`` so that every chunk of a bucket shares one program; a lone
+        network (``pad_to`` 1) runs at its own shapes (``nas.population.choose_layout``)."""
         if self.sweep.space is None:
             (spec,) = arch_ids
             return Population.stack([self.model(spec)])
+        if self.sweep.network_shards == 1 and choose_layout("auto", pad_to) == "exact":
+            return exact_subnet(self.supernet, arch_ids[0], calibration=self.calibration)
         pad_to = padded_size(pad_to, self.sweep.network_shards)
         archs = list(arch_ids) + [arch_ids[0]] * (pad_to - len(arch_ids))
         return from_supernet(self.supernet, archs, calibration=self.calibration)
