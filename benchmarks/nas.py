@@ -2,6 +2,7 @@
 
     python -m benchmarks.nas --space nb201_digits --networks 64 --alone 8
     python -m benchmarks.nas --space bignas_resnet_basic_digits --networks 64 --alone 8
+    python -m benchmarks.nas --space nb201 --networks 64 --alone 2 --torch 2   # CIFAR size, for a GPU
 
 The plan is clean accuracy, FGSM and PGD-10 (Linf, eps 0.1) on 256 test digits, each
 subnet sliced from the bundled supernet with batch norm recalibrated on 1,024 training
@@ -121,9 +122,27 @@ def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarra
     return time.perf_counter() - start
 
 
+def inputs(space_name: str):
+    """The supernet, evaluated set and 1,024 calibration images of a benchmark space: the
+    bundled digits supernets on the digits, or a random CIFAR-size NB201 supernet on random
+    images (accuracies then mean nothing; the work per network is that of CIFAR-10)."""
+    if space_name in rj.nas.models.EMBEDDED:
+        return (rj.nas.models.embedded_supernet(space_name), rj.data.digits("test"),
+                rj.nas.calibration_subset(rj.data.digits("train"), 1024))
+    space = rj.nas.space(space_name)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (PLAN["num_examples"] + 1024, *space.input_shape), dtype=np.uint8)
+    labels = rng.integers(0, space.num_classes, PLAN["num_examples"])
+    dataset = rj.data.from_arrays(images[:PLAN["num_examples"]], labels, num_classes=space.num_classes,
+                                  name="random CIFAR-size images")
+    return rj.nas.Supernet.create(space, key=jax.random.key(0)), dataset, images[PLAN["num_examples"]:].astype(np.float32) / 255
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--space", default="nb201_digits", choices=sorted(rj.nas.models.EMBEDDED))
+    parser.add_argument("--space", default="nb201_digits", choices=[*sorted(rj.nas.models.EMBEDDED), "nb201"],
+                        help="a digits space with its bundled supernet, or nb201 (CIFAR size: C=16, N=5, 32x32x3) "
+                        "with a randomly initialised supernet on random images: throughput only")
     parser.add_argument("--networks", type=int, default=64, help="subnets through the population path")
     parser.add_argument("--alone", type=int, default=8, help="subnets evaluated one at a time")
     parser.add_argument("--population-size", type=int, default=64)
@@ -132,10 +151,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    supernet = rj.nas.models.embedded_supernet(args.space)
+    supernet, dataset, calibration = inputs(args.space)
     archs = supernet.space.sample(jax.random.key(0), args.networks)
-    dataset, plan = rj.data.digits("test"), plan_from_dict(PLAN)
-    calibration = rj.nas.calibration_subset(rj.data.digits("train"), 1024)
+    plan = plan_from_dict(PLAN)
     counter = CompileCounter()
 
     start, compiles = time.perf_counter(), counter.count

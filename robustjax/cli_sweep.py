@@ -29,6 +29,7 @@ from robustjax.nas.recalibrate import DEFAULT_IMAGES
 from robustjax.sweep import export
 from robustjax.sweep.analyze import analyze
 from robustjax.sweep.engine import Sweep, open_store, run_local
+from robustjax.sweep.ray_executor import connect, run_ray
 from robustjax.sweep.store import Store, worker_id
 
 DEFAULT_SPACE = "nb201_digits"
@@ -96,8 +97,6 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
     use_compile_cache(args.compile_cache)
     sweep, archs = _sweep_and_archs(args)
     if args.ray:  # fail fast on a bad address, before loading anything
-        from robustjax.sweep.ray_executor import connect
-
         connect(args.ray)
     store, selection = open_store(sweep, args.db, archs)
     done = len(store.done() & set(selection))
@@ -109,8 +108,6 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
     started = time.perf_counter()
     try:
         if args.ray:
-            from robustjax.sweep.ray_executor import run_ray
-
             run_ray(sweep, store, selection, address=args.ray, worker=worker, lease_s=args.lease,
                     on_chunk=progress.advance, log=lambda line: console.print(line, highlight=False))
         else:
