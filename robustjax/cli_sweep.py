@@ -99,6 +99,10 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
     if args.ray:  # fail fast on a bad address, before loading anything
         connect(args.ray)
     store, selection = open_store(sweep, args.db, archs)
+    if args.retry_failed:
+        retried = store.forget_failed(selection)
+        if not args.quiet:
+            console.print(f"{retried} failed items will run again", highlight=False)
     done = len(store.done() & set(selection))
     if not args.quiet:
         console.print(f"sweep of {len(selection)} networks into {args.db} ({done} done already; "
@@ -188,6 +192,8 @@ def add_sweep_commands(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--ray", help="run on a Ray cluster: 'auto' or HOST:PORT of its head (needs robustjax[ray])")
     run.add_argument("--lease", type=float, default=1800.0, help="seconds a worker's claim lasts without renewal "
                      "(default: %(default)s)")
+    run.add_argument("--retry-failed", action="store_true", help="run the items that failed before again "
+                     "(a failed item is otherwise kept, with its error, and not rerun)")
     run.add_argument("--quiet", action="store_true", help="print nothing but errors")
     run.add_argument("--log-every", type=int, default=64, help="networks between progress lines off a terminal "
                      "(default: %(default)s)")

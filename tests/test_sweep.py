@@ -143,6 +143,12 @@ def test_an_item_that_fails_on_one_network_is_recorded_and_the_sweep_goes_on(tmp
     table = export.table(store)
     mlp = table.rows[1]
     assert mlp["fgsm eps=0.1"] is None and "boom on the mlp" in mlp["errors"] and mlp["clean"] > 0.9
+    run_local(sweep, store, ids, worker=worker_id())  # a failed item is kept, not rerun
+    assert len(list(store.results())) == 4
+    monkeypatch.setattr(context.runner, "run", original)
+    assert store.forget_failed(ids) == 1
+    run_local(sweep, store, ids, worker=worker_id())
+    assert {r["status"] for r in store.results()} == {"ok"} and len(list(store.results())) == 4
 
 
 def test_cli_export_formats_join_status_and_analysis(nb201_sweep, tmp_path, capsys):

@@ -240,6 +240,13 @@ class Store:
                   "finished": time.time()} for row in rows])
             return db.total_changes - before
 
+    def forget_failed(self, arch_ids: Iterable[str]) -> int:
+        """Deletes the failed rows of ``arch_ids``, so that their items run again; returns how many."""
+        with self._transaction() as db:
+            before = db.total_changes
+            db.executemany("DELETE FROM results WHERE status = 'failed' AND arch_id = ?", [(a,) for a in arch_ids])
+            return db.total_changes - before
+
     def status(self) -> dict:
         """Networks in the sweep, done (every item has a row), with a failed item, held by a
         worker now; rows; the rate over the last hour of rows."""
