@@ -77,8 +77,9 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     ``network_shards``). ``layout`` (``nas.population.choose_layout``) runs a resolution
     bucket's subnets masked over the supernet's shapes in one program, or each at its own
     shapes; ``"auto"`` takes exact shapes for a bucket of one. ``on_population`` receives
-    each population's results as they are done. A population that would not fit in a device's free memory is refused before it
-    runs, naming the size that fits (``evaluation.items.PopulationTooLarge``).
+    each population's results as they are done. A population that would not fit in a
+    device's free memory is refused before it runs, naming the size that fits
+    (``evaluation.items.PopulationTooLarge``).
     """
     check_population_plan(plan)
     if not isinstance(population_size, int) or population_size < 1:
@@ -102,7 +103,8 @@ def _populations(supernet: Supernet, configs: list, calibration: np.ndarray | No
     """The populations of one resolution bucket, each with how many of its networks are real
     (the last masked one is padded with copies of its first network: same shapes, no new
     compile; a bucket smaller than a population is not padded beyond its own size)."""
-    if choose_layout(layout, len(configs) if network_shards == 1 else 2) == "exact":
+    # One network per program cannot split over network shards: a lone network is masked then.
+    if choose_layout(layout, len(configs)) == "exact" and network_shards == 1:
         for config in configs:
             yield exact_subnet(supernet, config, calibration=calibration), 1
         return
