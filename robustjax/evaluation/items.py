@@ -171,7 +171,8 @@ class ItemRunner:
         """Raises :class:`PopulationTooLarge`, with the population size that fits, when the
         item's program needs more memory than a device has free."""
         networks = _networks(classifier.params, axes)
-        if (item.kind, item.labels, networks) in self._fits:
+        program = item.labels if item.kind == "attack" else "predict"  # the other items share one program
+        if (program, networks) in self._fits:
             return
         needed, free = self.memory_needed(item, classifier, axes), free_memory_bytes()
         if needed > free:
@@ -183,7 +184,7 @@ class ItemRunner:
                 f"({per_network / 2**20:.1f} MiB per network at batch size {self.parallel.batch_size}), and "
                 f"{free / 2**30:.2f} GiB are free: at most {fits} networks fit; pass population_size={fits} "
                 f"(--population-size {fits}) or a smaller batch_size")
-        self._fits.add((item.kind, item.labels, networks))
+        self._fits.add((program, networks))
 
     @staticmethod
     def _correct(classifier: Classifier, axes: Any, batches: list) -> np.ndarray:

@@ -13,6 +13,7 @@ every local device (the example axis sharded) and commits each item's rows as it
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -99,8 +100,7 @@ class Context:
     @functools.cached_property
     def data_key(self) -> str:
         """A hash of every evaluated example (images and labels), in order."""
-        batches = self.dataset.batches(self.sweep.plan.batch_size, limit=self.sweep.plan.num_examples)
-        return _digest([a for x, y in batches for a in (x, y)])
+        return _digest([np.asarray(a)[mask] for x, y, mask in self.runner.batches for a in (x, y)])
 
     @functools.cached_property
     def num_examples(self) -> int:
@@ -216,16 +216,14 @@ def open_store(sweep: Sweep, path: str, archs: Sequence[Any]) -> tuple[Store, li
 
 
 def chunk_size(sweep: Sweep, store: Store, selection: Sequence[str]) -> Callable[[str], int]:
-    """Per bucket, how many networks a population holds: the population size, or the
+    """Per network, how many networks its population holds: the population size, or its
     bucket's share of the selection when that is smaller (a population is not padded
     beyond the networks there are)."""
     if sweep.space is None:
-        return lambda bucket: 1
+        return lambda arch_id: 1
     buckets = {arch_id: bucket for arch_id, bucket, _ in store.networks()}
-    counts: dict[str, int] = {}
-    for arch_id in selection:
-        counts[buckets[arch_id]] = counts.get(buckets[arch_id], 0) + 1
-    return lambda bucket: min(sweep.population_size, counts[bucket])
+    counts = collections.Counter(buckets[arch_id] for arch_id in selection)
+    return lambda arch_id: min(sweep.population_size, counts[buckets[arch_id]])
 
 
 def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: str, lease_s: float = 1800.0,
@@ -234,9 +232,8 @@ def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: s
     each item's rows as it finishes; ``on_chunk`` receives each finished chunk's arch ids."""
     ctx = context(sweep)
     size_of = chunk_size(sweep, store, selection)
-    buckets = {arch_id: bucket for arch_id, bucket, _ in store.networks()}
-    while chunk := store.claim(worker, list(selection), lease_s, lambda arch_id: size_of(buckets[arch_id])):
-        for rows in ctx.evaluate(chunk, store.missing(chunk), pad_to=size_of(buckets[chunk[0]]), worker=worker):
+    while chunk := store.claim(worker, list(selection), lease_s, size_of):
+        for rows in ctx.evaluate(chunk, store.missing(chunk), pad_to=size_of(chunk[0]), worker=worker):
             store.commit(rows)
             store.renew(worker, lease_s)
         store.release(worker, chunk)

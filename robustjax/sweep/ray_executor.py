@@ -62,15 +62,14 @@ def run_ray(sweep: Sweep, store: Store, selection: Sequence[str], *, address: st
     slots = gpus or max(1, int(resources.get("CPU", 1)))
     task = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=max_retries)(_evaluate_task)
     size_of = chunk_size(sweep, store, selection)
-    buckets = {arch_id: bucket for arch_id, bucket, _ in store.networks()}
     in_flight: dict = {}
     remaining = list(selection)
     while True:
         while len(in_flight) < slots:
-            chunk = store.claim(worker, remaining, lease_s, lambda arch_id: size_of(buckets[arch_id]))
+            chunk = store.claim(worker, remaining, lease_s, size_of)
             if not chunk:
                 break
-            ref = task.remote(sweep, chunk, store.missing(chunk), size_of(buckets[chunk[0]]), worker)
+            ref = task.remote(sweep, chunk, store.missing(chunk), size_of(chunk[0]), worker)
             in_flight[ref] = chunk
         if not in_flight:
             return

@@ -250,7 +250,7 @@ class Store:
     def status(self) -> dict:
         """Networks in the sweep, done (every item has a row), with a failed item, held by a
         worker now; rows; the rate over the last hour of rows."""
-        done, wanted = self._done_counts(), len(self.item_keys())
+        wanted = len(self.item_keys())
         networks = [a for (a,) in self._db.execute("SELECT arch_id FROM networks ORDER BY position")]
         failed = {a for (a,) in self._db.execute("SELECT DISTINCT arch_id FROM results WHERE status = 'failed'")}
         claims = self._db.execute("SELECT worker, COUNT(*) FROM claims WHERE expires >= ? GROUP BY worker",
@@ -260,7 +260,7 @@ class Store:
             (self.data_key, wanted))]
         recent = [t for t in finished if t > time.time() - 3600]
         span = (max(recent) - min(recent)) if len(recent) > 1 else 0.0
-        return {"networks": len(networks), "done": sum(done.get(a, 0) == wanted for a in networks),
+        return {"networks": len(networks), "done": len(self.done() & set(networks)),
                 "with_failures": len(failed), "items": wanted,
                 "rows": int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0]),
                 "claimed": {w: n for w, n in claims},
