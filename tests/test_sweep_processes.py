@@ -28,6 +28,7 @@ steps = 3
 IDS = "11472,0,9,1200,15624,100"
 ITEMS = 3  # clean, fgsm, pgd
 ROWS = 6 * ITEMS
+HANG_S = 3600  # guards against a hung process only; a run takes well under a minute
 COLUMNS = "arch_id, item_key, data_key, status, figures, outcome, examples, error"
 
 
@@ -65,7 +66,7 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(workdir):
     db = workdir / "reference.sqlite"
-    subprocess.run(_command(db, workdir / "plan.toml"), check=True, env=_env(workdir), timeout=600)
+    subprocess.run(_command(db, workdir / "plan.toml"), check=True, env=_env(workdir), timeout=HANG_S)
     rows = _rows(db)
     assert len(rows) == ROWS and all(row[3] == "ok" for row in rows)
     return rows
@@ -77,8 +78,7 @@ def test_killed_at_random_moments_and_rerun_loses_and_duplicates_nothing(workdir
     kills = 0
     for target in sorted(rng.choice(np.arange(1, ROWS), size=3, replace=False)):
         process = subprocess.Popen(_command(db, workdir / "plan.toml"), env=_env(workdir))
-        deadline = time.monotonic() + 300
-        while _count(db) < target and process.poll() is None and time.monotonic() < deadline:
+        while _count(db) < target and process.poll() is None:
             time.sleep(0.05)
         time.sleep(rng.uniform(0, 1.0))  # somewhere inside the next item
         if process.poll() is None:
@@ -88,7 +88,7 @@ def test_killed_at_random_moments_and_rerun_loses_and_duplicates_nothing(workdir
         partial = _rows(db)
         assert set(partial) <= set(reference) and len(set(partial)) == len(partial)
     assert kills >= 2 and len(_rows(db)) < ROWS
-    subprocess.run(_command(db, workdir / "plan.toml"), check=True, env=_env(workdir), timeout=600)
+    subprocess.run(_command(db, workdir / "plan.toml"), check=True, env=_env(workdir), timeout=HANG_S)
     assert _rows(db) == reference
     with sqlite3.connect(db) as connection:
         assert connection.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0
@@ -110,19 +110,18 @@ def test_ray_cluster_gives_the_local_rows_and_retries_a_killed_worker(workdir, r
     port = _free_port()
     env = _env(workdir)
     subprocess.run([ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-                    "--include-dashboard=false", "--disable-usage-stats"], check=True, env=env, timeout=120,
+                    "--include-dashboard=false", "--disable-usage-stats"], check=True, env=env, timeout=HANG_S,
                    capture_output=True)
     try:
         db = workdir / "ray.sqlite"
         process = subprocess.Popen(_command(db, workdir / "plan.toml", "--ray", f"127.0.0.1:{port}"), env=env)
-        deadline = time.monotonic() + 300
-        while not _task_pids() and process.poll() is None and time.monotonic() < deadline:
+        while not _task_pids() and process.poll() is None:
             time.sleep(0.1)
         time.sleep(1.0)  # inside the task: loading, recalibrating or evaluating
         victims = _task_pids()
         assert victims, "no Ray task ran"
         os.kill(victims[0], signal.SIGKILL)
-        assert process.wait(timeout=600) == 0
+        assert process.wait(timeout=HANG_S) == 0
         assert _rows(db) == reference
     finally:
-        subprocess.run([ray, "stop", "--force"], env=env, timeout=120, capture_output=True)
+        subprocess.run([ray, "stop", "--force"], env=env, timeout=HANG_S, capture_output=True)
