@@ -1,4 +1,4 @@
-"""The CIFAR ResNet-18 of ``robustjax.zoo.resnet_cifar`` in PyTorch, with weight copying."""
+"""The CIFAR ResNet-18 of ``robustjax.zoo.resnet18_cifar`` in PyTorch, with weight copying."""
 
 from __future__ import annotations
 

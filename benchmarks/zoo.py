@@ -24,7 +24,14 @@ import numpy as np
 import torch
 
 import robustjax as rj
-from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call, synchronized, torch_device
+from benchmarks.common import (
+    RESULTS,
+    machine_facts,
+    report,
+    seconds_per_call,
+    synchronized,
+    torch_device,
+)
 from benchmarks.torch_models import to_nchw
 
 # One model per family by default.

@@ -6,6 +6,7 @@ import contextlib
 
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 
 import robustjax as rj
@@ -70,3 +71,16 @@ def randomize_nnx_batch_norm(module, seed: int = 0) -> None:
             layer.var[...] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
             layer.scale[...] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
             layer.bias[...] = rng.normal(0.0, 0.1, shape).astype(np.float32)
+
+
+@contextlib.contextmanager
+def unchecked_annotations():
+    """Switches off jaxtyping's run-time checks of the annotations (pytest's
+    ``--jaxtyping-packages``) inside the block, for tests of the library's own errors on input
+    outside its annotated types."""
+    disabled = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", disabled)

@@ -350,7 +350,7 @@ def test_evaluate_sequences_matches_the_composed_functions(digits_clf, digits_ba
 def test_bad_input_errors(digits_clf):
     x = jnp.asarray(smooth_images(1, 16, 16, 3))
     key = jax.random.key(0)
-    with pytest.raises(ValueError, match="unknown perturbation 'rotation'.*did you mean 'rotate'.*valid names"):
+    with pytest.raises(ValueError, match="unknown perturbation 'rotation'.*did you mean 'rotate'.*known perturbations: "):
         seq.perturbation_sequence(x, "rotation", key)
     with pytest.raises(ValueError, match="length must be an integer >= 2"):
         seq.perturbation_sequence(x, "rotate", key, length=1)

@@ -4,7 +4,7 @@ import pytest
 from flax import nnx
 
 import robustjax as rj
-from robustjax.zoo.resnet_cifar import INPUT_SHAPE, MEAN, NAME, STD, ResNetCIFAR
+from robustjax.zoo.resnet18_cifar import INPUT_SHAPE, MEAN, NAME, STD, ResNetCIFAR
 from tests.helpers import count_compiles, randomize_nnx_batch_norm
 
 ACTIVATIONS = ("bn1", "layer1.0", "layer2.0.shortcut", "layer3.1", "layer4.1")

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import robustjax as rj  # noqa: E402
-from robustjax.zoo import cifar_resnet, resnet_cifar, wide_resnet  # noqa: E402, F401  (register the models)
+from robustjax.zoo import resnet18_cifar, resnet20_56_cifar, wide_resnet  # noqa: E402, F401  (register the models)
 from robustjax.zoo.convert import from_torch  # noqa: E402
 from tests import torch_cifar_twins as twins  # noqa: E402
 from tests.zoo_parity import assert_parity, count_flax, count_torch, randomize, state_dict  # noqa: E402
@@ -59,7 +59,7 @@ def test_parameter_counts_equal_the_twins_at_full_size(name):
 def test_resnet18_matches_robustbench_layout(images):
     model = randomize(twins.CifarResNet18(depths=(1, 1, 1, 1)))
     clf = from_torch("resnet18_cifar", state_dict(model), depths=(1, 1, 1, 1))
-    assert (clf.mean, clf.std) == (resnet_cifar.MEAN, resnet_cifar.STD)
+    assert (clf.mean, clf.std) == (resnet18_cifar.MEAN, resnet18_cifar.STD)
     assert_parity(clf, model, images, ("bn1", "layer1.0", "layer2.0.shortcut", "layer3.0.bn2", "layer4.0"))
 
 
@@ -78,7 +78,7 @@ def test_preact_resnet18_matches_both_block_variants(images, after_activation, b
 def test_full_size_resnet20_from_torch_matches_chenyaofo_layout(images):
     model = randomize(twins.ChenyaofoCifarResNet(3))
     clf = from_torch("resnet20_cifar", state_dict(model))
-    assert (clf.mean, clf.std) == (cifar_resnet.MEAN, cifar_resnet.STD)
+    assert (clf.mean, clf.std) == (resnet20_56_cifar.MEAN, resnet20_56_cifar.STD)
     assert_parity(clf, model, images, ("bn1", "layer1.2", "layer2.0.downsample", "layer3.0.bn1", "layer3.2"))
 
 
@@ -103,8 +103,8 @@ def test_dm_wide_resnet_matches_with_its_stored_normalisation(images, activation
 
 def test_stored_input_statistics_must_match_the_model():
     tensors = state_dict(randomize(twins.CifarResNet18(depths=(1, 1, 1, 1))))
-    mu = np.asarray(resnet_cifar.MEAN, np.float32).reshape(1, 3, 1, 1)
-    sigma = np.asarray(resnet_cifar.STD, np.float32).reshape(1, 3, 1, 1)
+    mu = np.asarray(resnet18_cifar.MEAN, np.float32).reshape(1, 3, 1, 1)
+    sigma = np.asarray(resnet18_cifar.STD, np.float32).reshape(1, 3, 1, 1)
     from_torch("resnet18_cifar", dict(tensors, mu=mu, sigma=sigma), depths=(1, 1, 1, 1))  # as the model
     halves = np.full((1, 3, 1, 1), 0.5, np.float32)
     with pytest.raises(ValueError, match=r"sigma=\[0.5, 0.5, 0.5\].*classifier.replace"):

@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from robustjax.zoo.convert import TorchWeights, conv_kernel, linear_kernel, load_state_dict, strip_wrappers
+from robustjax.zoo.convert import (
+    TorchWeights,
+    conv_kernel,
+    linear_kernel,
+    load_state_dict,
+    strip_wrappers,
+)
 
 
 def test_layouts():

@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 import robustjax as rj
-from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo import densenet, regnet, repvgg, shufflenet  # noqa: F401  (registers the models)
+from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo.convert import TorchWeights, from_torch
 
 torch = pytest.importorskip("torch")

@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 import robustjax as rj
-from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo import efficientnet, mobilenet_v2, mobilenet_v3
+from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo.convert import TorchWeights, from_torch
 from robustjax.zoo.weights import check_compatible
 

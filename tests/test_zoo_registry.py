@@ -27,7 +27,7 @@ def test_builds_and_maps_images_to_logits(name):
     assert logits.shape == (2, clf.num_classes) and logits.dtype == jax.numpy.float32
     assert rj.zoo.count_params(clf) > 0
     if entry.weights is None:
-        with pytest.raises(ValueError, match="no pretrained weights"):
+        with pytest.raises(ValueError, match=f"model '{name}' has no pretrained weights; pass pretrained=False"):
             rj.zoo.create(name)
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import robustjax as rj
-from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo import mixer, swin, vit  # noqa: F401  (registers the models)
+from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo.convert import TorchWeights, from_torch
 from tests.helpers import count_compiles
 

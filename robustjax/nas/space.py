@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -41,6 +41,7 @@ class Cost:
         return 2 * self.macs
 
 
+@runtime_checkable
 class SearchSpace(Protocol):
     """What every search space offers (see the module docstring)."""
 

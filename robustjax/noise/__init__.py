@@ -7,10 +7,10 @@ their flip probability; ``system`` decodes and resizes images as RobustART's Ima
 
 from robustjax.noise import blur as _blur  # noqa: F401  (each module registers its corruptions)
 from robustjax.noise import digital as _digital  # noqa: F401
+from robustjax.noise import flip, sequences, system
 from robustjax.noise import jpeg as _jpeg  # noqa: F401
 from robustjax.noise import pixel_noise as _pixel_noise  # noqa: F401
 from robustjax.noise import weather as _weather  # noqa: F401
-from robustjax.noise import flip, sequences, system
 from robustjax.noise.flip import FlipStats, evaluate_sequences, flip_probability, top5_distance
 from robustjax.noise.jpeg import jpeg_round_trip
 from robustjax.noise.registry import (
@@ -25,7 +25,6 @@ from robustjax.noise.registry import (
     names,
     register_corruption,
 )
-
 from robustjax.noise.sequences import perturbation_sequence
 
 __all__ = ["FAMILIES", "PRESETS", "SEVERITIES", "Corruption", "FlipStats", "corrupt", "corruption_fn", "default_preset",

@@ -70,10 +70,6 @@ def hsv_to_rgb(hsv: Float[Array, "... 3"]) -> Float[Array, "... 3"]:
     return jnp.take_along_axis(table, sector[None, ..., None], axis=0)[0]
 
 
-def _as_rgb(x: Images) -> Images:
-    return jnp.broadcast_to(x, x.shape[:-1] + (3,))
-
-
 @functools.lru_cache(maxsize=None)
 def linear_operator_matrix(builder, n_in: int, *args) -> np.ndarray:
     """Matrix ``M`` (n_out, n_in) of a linear 1-D operator: ``builder(eye, *args)`` column-wise."""
@@ -209,7 +205,7 @@ def _affine_warp(image: Float[Array, "h w c"], unit_shift: Float[Array, "3 2"], 
     return _sample_channels(image, src_y, src_x, mode="mirror")
 
 
-def _pixel_grid(h: int, w: int) -> tuple[jax.Array, jax.Array]:
+def _pixel_grid(h: int, w: int) -> list[jax.Array]:
     """Row and column coordinates of every pixel, each (h, w)."""
     return jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32), indexing="ij")
 

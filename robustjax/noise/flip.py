@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from robustjax.checks import check_positive_int
 from robustjax.noise import sequences
@@ -128,7 +128,7 @@ class FlipStats(NamedTuple):
 
 def evaluate_sequences(
     classifier,
-    x: Float[Array, "b h w c"],
+    x: Float[ArrayLike, "b h w c"],
     name: str,
     key: jax.Array,
     *,

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.ndimage
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float, Shaped
 from PIL import Image
 
 from robustjax.noise.digital import apply_separable, gaussian_filter_2d, linear_operator_matrix
@@ -48,7 +48,7 @@ def _per_image(draw_and_apply, x: Images, key: jax.Array) -> Images:
 # ----------------------------------------------------------------------------- fog
 
 
-def plasma_fractal_from_noise(unit_noise: list[Float[Array, "3 n n"]], wibbledecay: float) -> Field:
+def plasma_fractal_from_noise(unit_noise: list[Float[Array, "3 _n _n"]], wibbledecay: float) -> Field:
     """Diamond-square height map in [0, 1] (``imagecorruptions.plasma_fractal``).
 
     ``unit_noise[i]`` holds the uniform(-1, 1) draws of level ``i`` (squares, then the two
@@ -88,7 +88,7 @@ def plasma_fractal(key: jax.Array, size: int, wibbledecay: float) -> Field:
     return plasma_fractal_from_noise(noise, wibbledecay)
 
 
-def fog_from_field(image: Float[Array, "h w c"], field: Field, c: tuple[float, float]) -> Float[Array, "h w c"]:
+def fog_from_field(image: Float[Array, "h w c"], field: Float[Array, "n n"], c: tuple[float, float]) -> Float[Array, "h w c"]:
     """``(x + c0 * field) * max(x) / (max(x) + c0)`` with the field cropped to the image."""
     h, w = image.shape[:2]
     peak = image.max()
@@ -277,7 +277,7 @@ def snow(x: Images, c: tuple, key: jax.Array) -> Images:
 # ----------------------------------------------------------------------------- spatter
 
 
-def _shifts(field: Field, radius: int, pad_mode: str, **pad_kwargs):
+def _shifts(field: Shaped[Array, "h w"], radius: int, pad_mode: str, **pad_kwargs):
     """``{(dy, dx): field[y + dy, x + dx]}`` for ``|dy|, |dx| <= radius`` with the given border."""
     h, w = field.shape
     padded = jnp.pad(field, radius, mode=pad_mode, **pad_kwargs)
@@ -299,7 +299,7 @@ def _box3(field: Field) -> Field:
     return _correlate3x3(field, np.ones((3, 3)), "reflect") / 9.0
 
 
-def canny_edges(image: Float[Array, "h w"], low: float, high: float) -> Float[Array, "h w"]:
+def canny_edges(image: Float[Array, "h w"], low: float, high: float) -> Bool[Array, "h w"]:
     """``cv2.Canny(image, low, high)`` on 8-bit values: 3x3 Sobel (replicated border), L1
     magnitude, non-maximum suppression in four directions, 8-connected hysteresis."""
     shifted = _shifts(image, 1, "edge")
@@ -334,7 +334,7 @@ def canny_edges(image: Float[Array, "h w"], low: float, high: float) -> Float[Ar
     return edges
 
 
-def chamfer_distance(edges: Float[Array, "h w"], cap: float) -> Float[Array, "h w"]:
+def chamfer_distance(edges: Bool[Array, "h w"], cap: float) -> Float[Array, "h w"]:
     """``min(cv2.distanceTransform(~edges, DIST_L2, 5), cap)``: the 5x5 chamfer distance
     (steps 1, 1.4 and 2.1969) to the nearest edge pixel, capped at ``cap``.
 

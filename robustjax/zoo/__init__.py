@@ -1,7 +1,6 @@
 """Model zoo: registered architectures returning :class:`robustjax.Classifier`."""
 
-from robustjax.zoo import cifar_resnet as _cifar_resnet  # noqa: F401  (each module registers its models)
-from robustjax.zoo import densenet as _densenet  # noqa: F401
+from robustjax.zoo import densenet as _densenet  # noqa: F401  (each module registers its models)
 from robustjax.zoo import digits_cnn as _digits_cnn  # noqa: F401
 from robustjax.zoo import digits_mlp as _digits_mlp  # noqa: F401
 from robustjax.zoo import efficientnet as _efficientnet  # noqa: F401
@@ -11,14 +10,24 @@ from robustjax.zoo import mobilenet_v3 as _mobilenet_v3  # noqa: F401
 from robustjax.zoo import regnet as _regnet  # noqa: F401
 from robustjax.zoo import repvgg as _repvgg  # noqa: F401
 from robustjax.zoo import resnet as _resnet  # noqa: F401
+from robustjax.zoo import resnet18_cifar as _resnet18_cifar  # noqa: F401
+from robustjax.zoo import resnet20_56_cifar as _resnet20_56_cifar  # noqa: F401
 from robustjax.zoo import shufflenet as _shufflenet  # noqa: F401
 from robustjax.zoo import swin as _swin  # noqa: F401
 from robustjax.zoo import vit as _vit  # noqa: F401
 from robustjax.zoo import wide_resnet as _wide_resnet  # noqa: F401
-from robustjax.zoo import resnet_cifar as _resnet_cifar  # noqa: F401
 from robustjax.zoo.convert import convert_checkpoint, from_torch
+from robustjax.zoo.registry import (
+    card,
+    count_flops,
+    count_params,
+    create,
+    get_entry,
+    list_models,
+    load,
+    register_model,
+)
 from robustjax.zoo.repvgg import reparameterize as repvgg_reparameterize
-from robustjax.zoo.registry import card, count_flops, count_params, create, get_entry, list_models, load, register_model
 
 __all__ = ["card", "convert_checkpoint", "count_flops", "count_params", "create", "from_torch", "get_entry",
            "list_models", "load", "register_model", "repvgg_reparameterize"]

@@ -153,11 +153,9 @@ def convert_densenet(weights: TorchWeights) -> dict:
 
 def _register(name: str, block_config: tuple[int, ...], growth_rate: int,
               num_init_features: int) -> None:
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
+    def build(*, key: jax.Array, num_classes: int = 1000,
               block_config: tuple[int, ...] = block_config, growth_rate: int = growth_rate,
               num_init_features: int = num_init_features, bn_size: int = BN_SIZE) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         if not block_config:
             raise ValueError("block_config must list at least one dense block")
         for index, num_layers in enumerate(block_config):

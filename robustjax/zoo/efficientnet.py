@@ -26,6 +26,7 @@ from jaxtyping import Array, Float
 from robustjax.checks import check_positive_float
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.mobilenet_v2 import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -36,7 +37,6 @@ from robustjax.zoo.mobilenet_v2 import (
     feature_indices,
     make_divisible,
 )
-from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.resnet_layers import global_average_pool
 
@@ -165,10 +165,8 @@ def convert_efficientnet(weights: TorchWeights) -> dict:
 
 def _register(name: str, width_mult: float, depth_mult: float, resolution: int, dropout: float,
               bn_eps: float, bn_momentum: float) -> None:
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
+    def build(*, key: jax.Array, num_classes: int = 1000,
               image_size: int = resolution) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         check_build_sizes(num_classes, image_size)
         module = EfficientNet(width_mult, depth_mult, num_classes, dropout, bn_eps=bn_eps, bn_momentum=bn_momentum,
                               rngs=nnx.Rngs(params=key))

@@ -6,9 +6,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import ArrayLike
 
 
-def _windows_2x2(x: jax.Array) -> jax.Array:
+def _windows_2x2(x: ArrayLike) -> ArrayLike:
     """(B, H, W, C) -> (B, H/2, W/2, 4, C), each 2x2 window in row-major order."""
     batch, height, width, channels = x.shape
     if height % 2 or width % 2:
@@ -18,7 +19,7 @@ def _windows_2x2(x: jax.Array) -> jax.Array:
 
 
 @jax.custom_vjp
-def max_pool_2x2(x: jax.Array) -> jax.Array:
+def max_pool_2x2(x: ArrayLike) -> jax.Array:
     """2x2 max pooling with stride 2 on NHWC (H and W even).
 
     Same values as ``nnx.max_pool(x, (2, 2), strides=(2, 2))`` and the same gradient as

@@ -184,10 +184,8 @@ def convert_mobilenet_v2(weights: TorchWeights) -> dict:
 def _register(suffix: str, width_mult: float) -> None:
     name = f"mobilenet_v2_{suffix}"
 
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
+    def build(*, key: jax.Array, num_classes: int = 1000,
               image_size: int = INPUT_SHAPE[0]) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         check_build_sizes(num_classes, image_size)
         module = MobileNetV2(width_mult, num_classes, rngs=nnx.Rngs(params=key))
         return Classifier.from_nnx(module, num_classes=num_classes, input_shape=(image_size, image_size, 3),

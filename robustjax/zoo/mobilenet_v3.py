@@ -32,6 +32,7 @@ from jaxtyping import Array, Float
 from robustjax.checks import check_positive_float
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.mobilenet_v2 import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -43,7 +44,6 @@ from robustjax.zoo.mobilenet_v2 import (
     feature_indices,
     make_divisible,
 )
-from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.resnet_layers import conv, global_average_pool
 
@@ -194,10 +194,8 @@ def convert_mobilenet_v3(weights: TorchWeights) -> dict:
 def _register(suffix: str, width_mult: float) -> None:
     name = f"mobilenet_v3_large_{suffix}"
 
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
+    def build(*, key: jax.Array, num_classes: int = 1000,
               image_size: int = INPUT_SHAPE[0]) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         check_build_sizes(num_classes, image_size)
         module = MobileNetV3Large(width_mult, num_classes, rngs=nnx.Rngs(params=key))
         return Classifier.from_nnx(module, num_classes=num_classes, input_shape=(image_size, image_size, 3),

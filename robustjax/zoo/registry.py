@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
+import functools
 import importlib
 import json
 from collections.abc import Callable
@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from robustjax.classifier import Classifier
+from robustjax.registry import Registry
 from robustjax.zoo.weights import load_weights
 
 
@@ -23,14 +24,14 @@ class ModelEntry:
 
     name: str
     family: str
-    build: Callable[..., Classifier]
+    build: Callable[..., Classifier]  # ``build(*, key, pretrained=..., **kwargs)``
     weights: str | None  # where pretrained weights come from, or None for none
     description: str
     convert: Callable | None = None  # ``convert(TorchWeights) -> pure dict`` (zoo/convert.py)
     torch_source: str | None = None  # the PyTorch model the converter reads, e.g. "torchvision.models.resnet18"
 
 
-_REGISTRY: dict[str, ModelEntry] = {}
+_MODELS: Registry[ModelEntry] = Registry("model")
 
 
 def register_model(
@@ -42,34 +43,48 @@ def register_model(
     convert: Callable | None = None,
     torch_source: str | None = None,
 ):
-    """Registers ``build(*, key, pretrained, **kwargs) -> Classifier`` under ``name``.
+    """Registers ``build(*, key, pretrained, **kwargs) -> Classifier`` under ``name``, and
+    returns the registered build.
 
-    ``convert`` maps a PyTorch state dict (a ``zoo.convert.TorchWeights``) of
-    ``torch_source`` to this model's parameters.
+    A model without ``weights`` registers ``build(*, key, **kwargs)``: the registry adds its
+    ``pretrained`` argument, which refuses ``pretrained=True``. ``convert`` maps a PyTorch
+    state dict (a ``zoo.convert.TorchWeights``) of ``torch_source`` to this model's parameters.
     """
 
     def decorator(build: Callable[..., Classifier]) -> Callable[..., Classifier]:
-        if name in _REGISTRY:
-            raise ValueError(f"model {name!r} is already registered")
-        _REGISTRY[name] = ModelEntry(
-            name, family, build, weights, description or (build.__doc__ or "").strip(), convert, torch_source
-        )
-        return build
+        registered = build if weights is not None else _random_weights_only(name, build)
+        card_description = description or (build.__doc__ or "").strip()
+        _MODELS.register(name, ModelEntry(name, family, registered, weights, card_description, convert, torch_source))
+        return registered
 
     return decorator
 
 
+def _random_weights_only(name: str, build: Callable[..., Classifier]) -> Callable[..., Classifier]:
+    """``build`` of a model without pretrained weights, with a ``pretrained`` argument that
+    refuses ``True``."""
+
+    @functools.wraps(build)
+    def build_random(*, pretrained: bool = False, **kwargs) -> Classifier:
+        if pretrained:
+            raise ValueError(
+                f"model {name!r} has no pretrained weights; pass pretrained=False for random weights, or convert "
+                f"a PyTorch checkpoint with `robustjax zoo convert {name} CHECKPOINT --out DIR` and pass "
+                "weights=DIR (on the command line: --weights DIR)"
+            )
+        return build(**kwargs)
+
+    return build_random
+
+
 def list_models(pattern: str = "*") -> list[str]:
     """Registered model names matching a glob ``pattern``, sorted."""
-    return sorted(name for name in _REGISTRY if fnmatch.fnmatch(name, pattern))
+    return sorted(name for name in _MODELS if fnmatch.fnmatch(name, pattern))
 
 
 def get_entry(name: str) -> ModelEntry:
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown model {name!r}{hint} (robustjax zoo list shows all {len(_REGISTRY)})")
-    return _REGISTRY[name]
+    """The registered model ``name``."""
+    return _MODELS.get(name)
 
 
 def create(
@@ -90,11 +105,6 @@ def create(
     key = jax.random.key(0) if key is None else key
     if weights is not None:
         return _with_stored_weights(entry, Path(weights), key, kwargs)
-    if pretrained and entry.weights is None:
-        raise ValueError(
-            f"model {name!r} has no pretrained weights bundled; pass pretrained=False, or convert a PyTorch "
-            f"checkpoint with `robustjax zoo convert {name} CHECKPOINT --out DIR` and pass weights=DIR"
-        )
     return entry.build(key=key, pretrained=pretrained, **kwargs)
 
 

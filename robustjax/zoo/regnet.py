@@ -177,10 +177,7 @@ def convert_regnet(weights: TorchWeights) -> dict:
 
 
 def _register(name: str, timm_name: str, config: RegNetConfig) -> None:
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
-              **overrides) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
+    def build(*, key: jax.Array, num_classes: int = 1000, **overrides) -> Classifier:
         fields = {field.name for field in dataclasses.fields(RegNetConfig)}
         unknown = sorted(set(overrides) - fields)
         if unknown:

@@ -226,10 +226,8 @@ def _register(name: str, num_blocks: tuple[int, ...], widths: tuple[int, ...], t
               deploy: bool) -> None:
     full_name = f"{name}_deploy" if deploy else name
 
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
+    def build(*, key: jax.Array, num_classes: int = 1000,
               num_blocks: tuple[int, ...] = num_blocks, widths: tuple[int, ...] = widths) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {full_name!r} has no pretrained weights; pass pretrained=False")
         if len(num_blocks) != NUM_STAGES - 1 or len(widths) != NUM_STAGES:
             raise ValueError(f"num_blocks needs {NUM_STAGES - 1} entries and widths {NUM_STAGES}, "
                              f"got {tuple(num_blocks)} and {tuple(widths)}")

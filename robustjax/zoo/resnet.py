@@ -152,10 +152,8 @@ VARIANTS = {
 
 
 def _register(name: str, block, layers: tuple[int, ...], groups: int, width_per_group: int) -> None:
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
+    def build(*, key: jax.Array, num_classes: int = 1000,
               layers: tuple[int, ...] = layers, image_size: int = INPUT_SHAPE[0]) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         module = ResNet(block, tuple(layers), num_classes, groups, width_per_group, rngs=nnx.Rngs(params=key))
         return Classifier.from_nnx(module, num_classes=num_classes, input_shape=(image_size, image_size, 3),
                                    mean=IMAGENET_MEAN, std=IMAGENET_STD, name=name)

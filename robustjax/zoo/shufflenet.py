@@ -151,10 +151,8 @@ def convert_shufflenet_v2(weights: TorchWeights) -> dict:
 
 
 def _register(name: str, stages_out_channels: tuple[int, ...]) -> None:
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
+    def build(*, key: jax.Array, num_classes: int = 1000,
               stages_repeats: tuple[int, ...] = STAGES_REPEATS) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         if len(stages_repeats) != len(stages_out_channels) - 2:
             raise ValueError(f"stages_repeats must have {len(stages_out_channels) - 2} entries, "
                              f"got {tuple(stages_repeats)}")

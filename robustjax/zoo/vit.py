@@ -228,10 +228,7 @@ def register_timm_model(name: str, *, family: str, module: type[nnx.Module], con
 
     @register_model(name, family=family, weights=None, description=description, convert=convert,
                     torch_source=f"timm:{name}")
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 1000,
-              **overrides) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
+    def build(*, key: jax.Array, num_classes: int = 1000, **overrides) -> Classifier:
         unknown = set(overrides) - set(defaults)
         if unknown:
             raise TypeError(f"{name}: unknown arguments {sorted(unknown)}; "

@@ -8,6 +8,7 @@ and shape and names each one that is missing, unexpected or of the wrong shape.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -15,7 +16,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 
-def _flat(tree) -> dict[str, tuple]:
+def _flat(tree) -> dict[str, Any]:
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {jax.tree_util.keystr(path, simple=True, separator="."): leaf for path, leaf in flat}
 

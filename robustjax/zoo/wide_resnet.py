@@ -221,11 +221,9 @@ def convert_dm_wide_resnet(weights: TorchWeights) -> dict:
 def _register_wide_resnet(depth: int, widen_factor: int) -> None:
     name = f"wrn_{depth}_{widen_factor}"
 
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 10, depth: int = depth,
+    def build(*, key: jax.Array, num_classes: int = 10, depth: int = depth,
               widen_factor: int = widen_factor, mean: tuple[float, ...] = (0.0,),
               std: tuple[float, ...] = (1.0,)) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         module = WideResNet(depth, widen_factor, num_classes, rngs=nnx.Rngs(params=key))
         return Classifier.from_nnx(module, num_classes=num_classes, input_shape=INPUT_SHAPE, mean=mean, std=std,
                                    name=name)
@@ -237,11 +235,9 @@ def _register_wide_resnet(depth: int, widen_factor: int) -> None:
 
 
 def _register_dm_wide_resnet(name: str, depth: int, width: int) -> None:
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 10, depth: int = depth,
+    def build(*, key: jax.Array, num_classes: int = 10, depth: int = depth,
               width: int = width, activation: str = "swish", mean: tuple[float, ...] = CIFAR10_MEAN,
               std: tuple[float, ...] = CIFAR10_STD) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         module = DMWideResNet(depth, width, num_classes, activation, mean, std, rngs=nnx.Rngs(params=key))
         return Classifier.from_nnx(module, num_classes=num_classes, input_shape=INPUT_SHAPE, name=name)
 

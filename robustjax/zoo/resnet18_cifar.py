@@ -188,13 +188,11 @@ def convert_preact_resnet_cifar(weights: TorchWeights, *, mean=MEAN, std=STD) ->
 
 @register_model(NAME, family="resnet_cifar", weights=None, convert=convert_resnet_cifar,
                 torch_source="robustbench.model_zoo.architectures.resnet.ResNet18")
-def resnet18_cifar(*, key: jax.Array, pretrained: bool = False, num_classes: int = 10,
+def resnet18_cifar(*, key: jax.Array, num_classes: int = 10,
                    mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD,
                    depths: tuple[int, ...] = DEPTHS) -> Classifier:
     """CIFAR ResNet-18 (11.2M parameters), CIFAR-10 normalisation by default; ``depths``
     (blocks per stage) builds reduced versions."""
-    if pretrained:
-        raise ValueError(f"model {NAME!r} has no pretrained weights; pass pretrained=False")
     module = ResNetCIFAR(num_classes, tuple(depths), rngs=nnx.Rngs(params=key))
     return Classifier.from_nnx(module, num_classes=num_classes, input_shape=INPUT_SHAPE, mean=mean, std=std,
                                name=NAME)
@@ -202,7 +200,7 @@ def resnet18_cifar(*, key: jax.Array, pretrained: bool = False, num_classes: int
 
 @register_model(PREACT_NAME, family="resnet_cifar", weights=None, convert=convert_preact_resnet_cifar,
                 torch_source="robustbench.model_zoo.architectures.resnet.PreActResNet18")
-def preact_resnet18_cifar(*, key: jax.Array, pretrained: bool = False, num_classes: int = 10,
+def preact_resnet18_cifar(*, key: jax.Array, num_classes: int = 10,
                           mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD,
                           shortcut_after_activation: bool = False, bn_before_fc: bool = False,
                           depths: tuple[int, ...] = DEPTHS) -> Classifier:
@@ -210,8 +208,6 @@ def preact_resnet18_cifar(*, key: jax.Array, pretrained: bool = False, num_class
     CIFAR-10 normalisation by default; ``shortcut_after_activation=True`` gives the
     kuangliu / ``PreActBlockV2`` forward pass, ``bn_before_fc=True`` the final BN-ReLU of
     Rice2020OverfittingL2 and Kireev2021Effectiveness; ``depths`` builds reduced versions."""
-    if pretrained:
-        raise ValueError(f"model {PREACT_NAME!r} has no pretrained weights; pass pretrained=False")
     module = PreActResNetCIFAR(num_classes, tuple(depths), shortcut_after_activation=shortcut_after_activation,
                                bn_before_fc=bn_before_fc, rngs=nnx.Rngs(params=key))
     return Classifier.from_nnx(module, num_classes=num_classes, input_shape=INPUT_SHAPE, mean=mean, std=std,

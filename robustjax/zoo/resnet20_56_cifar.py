@@ -72,10 +72,8 @@ def _register(depth: int) -> None:
     name = f"resnet{depth}_cifar"
     blocks = (depth - 2) // 6
 
-    def build(*, key: jax.Array, pretrained: bool = False, num_classes: int = 10,
+    def build(*, key: jax.Array, num_classes: int = 10,
               mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> Classifier:
-        if pretrained:
-            raise ValueError(f"model {name!r} has no pretrained weights; pass pretrained=False")
         module = CifarResNet(blocks, num_classes, rngs=nnx.Rngs(params=key))
         return Classifier.from_nnx(module, num_classes=num_classes, input_shape=INPUT_SHAPE, mean=mean, std=std,
                                    name=name)
