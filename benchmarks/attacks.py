@@ -41,7 +41,14 @@ import torchattacks
 from torch import nn
 
 import robustjax as rj
-from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call, synchronized, torch_device
+from benchmarks.common import (
+    RESULTS,
+    machine_facts,
+    report,
+    seconds_per_call,
+    synchronized,
+    torch_device,
+)
 from benchmarks.torch_models import digits_cnn_to_torch, to_nchw
 from benchmarks.torch_resnet import resnet18_to_torch
 

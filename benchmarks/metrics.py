@@ -70,8 +70,8 @@ def robustjax_coverage(clf, batches):
             cov.TopKCoverage.empty(widths, TKNC_K))
     for x in batches:
         accs = cover(clf, accs, x)
-    boundary = accs[1].compute()
-    return np.array([float(accs[0].compute()), float(boundary["nbc"]), float(boundary["snac"]), float(accs[2].compute())])
+    results = {name: value for acc in accs for name, value in acc.compute().items()}
+    return np.array([float(results[name]) for name in ("kmnc", "nbc", "snac", "tknc")])
 
 
 # --------------------------------------------------------------------------- peer

@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
-def _concrete(a) -> np.ndarray | None:
+def concrete_values(a) -> np.ndarray | None:
     """The values of ``a``, or None when ``a`` is being traced."""
     if isinstance(a, jax.core.Tracer):
         return None
@@ -21,20 +22,25 @@ def _concrete(a) -> np.ndarray | None:
 
 
 def check_images(x, *, name: str = "x", input_shape: tuple[int, ...] | None = None) -> None:
-    """Images must be float32 NHWC with values in [0, 1] and no NaN."""
+    """Images must be floating-point NHWC with values in [0, 1] and no NaN.
+
+    Any floating dtype passes (float16, bfloat16, float32, float64); :func:`as_images`
+    casts them to float32, the dtype robustjax computes in.
+    """
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name} must be an array of images, got {type(x).__name__}")
     if x.ndim != 4:
         raise ValueError(f"{name} must be a batch of images (B, H, W, C), got shape {x.shape}")
     if x.shape[0] == 0:
         raise ValueError(f"{name} is an empty batch (shape {x.shape})")
-    if x.dtype != np.float32:
-        raise TypeError(f"{name} must be float32 in [0, 1], got dtype {x.dtype}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        hint = " (divide uint8 images by 255)" if jnp.issubdtype(x.dtype, jnp.integer) else ""
+        raise TypeError(f"{name} must be floating-point images in [0, 1], got dtype {x.dtype}{hint}")
     if input_shape is not None and tuple(x.shape[1:]) != tuple(input_shape):
         raise ValueError(
             f"{name} has image shape {tuple(x.shape[1:])}, the classifier expects {tuple(input_shape)}"
         )
-    values = _concrete(x)
+    values = concrete_values(x)
     if values is None:
         return
     if np.isnan(values).any():
@@ -42,6 +48,17 @@ def check_images(x, *, name: str = "x", input_shape: tuple[int, ...] | None = No
     lo, hi = float(values.min()), float(values.max())
     if lo < 0.0 or hi > 1.0:
         raise ValueError(f"{name} must have values in [0, 1], got range [{lo:.4g}, {hi:.4g}]")
+
+
+def as_images(x, *, name: str = "x", input_shape: tuple[int, ...] | None = None) -> jax.Array:
+    """``x`` checked by :func:`check_images` and cast to a float32 array.
+
+    The dtype policy of every public entry point: images of any floating dtype are
+    accepted and computed on in float32 (a bfloat16 step of 8/255 near 1 would be 16
+    rounding units wide); what comes back is float32.
+    """
+    check_images(x, name=name, input_shape=input_shape)
+    return jnp.asarray(x, jnp.float32)
 
 
 def check_labels(y, *, num_classes: int, batch_size: int, name: str = "y") -> None:
@@ -52,7 +69,7 @@ def check_labels(y, *, num_classes: int, batch_size: int, name: str = "y") -> No
         raise ValueError(f"{name} must have shape ({batch_size},), got {tuple(y.shape)}")
     if not np.issubdtype(y.dtype, np.integer):
         raise TypeError(f"{name} must be an integer array, got dtype {y.dtype}")
-    values = _concrete(y)
+    values = concrete_values(y)
     if values is None or values.size == 0:
         return
     lo, hi = int(values.min()), int(values.max())
@@ -69,7 +86,7 @@ def check_batch(classifier, x, y, target=None) -> None:
     if target is None:
         return
     check_labels(target, num_classes=classifier.num_classes, batch_size=x.shape[0], name="target")
-    labels, targets = _concrete(y), _concrete(target)
+    labels, targets = concrete_values(y), concrete_values(target)
     if labels is not None and targets is not None and (same := np.flatnonzero(labels == targets)).size:
         raise ValueError(
             f"target equals the true label for {same.size} example(s), first at index {same[0]}"
@@ -77,20 +94,48 @@ def check_batch(classifier, x, y, target=None) -> None:
 
 
 def check_positive_int(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` must be an integer >= 1 (a Python or numpy integer, not an array)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def check_nonnegative_float(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+def check_unroll(unroll) -> None:
+    """A loop's ``unroll``: None (chosen per backend), True, False or a factor >= 1."""
+    if unroll is None or isinstance(unroll, bool):
+        return
+    check_positive_int(unroll, "unroll")
 
 
-def check_positive_float(value, name: str) -> None:
-    check_nonnegative_float(value, name)
-    if value == 0:
+def _number(value, name: str, traceable: bool) -> float | None:
+    """The value of a scalar hyperparameter, or None when it is traced.
+
+    Python and numpy numbers pass. A 0-d JAX array passes only where ``traceable`` (a
+    hyperparameter the program takes as an argument, so new values do not recompile).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    if isinstance(value, jax.Array):
+        if not traceable:
+            raise TypeError(f"{name} must be a Python number (it is fixed when the program compiles), got a JAX array")
+        if value.shape != () or not jnp.issubdtype(value.dtype, jnp.number):
+            raise TypeError(f"{name} must be a scalar number, got an array of shape {value.shape} and dtype {value.dtype}")
+        values = concrete_values(value)
+        return None if values is None else float(values)
+    raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+
+
+def check_nonnegative_float(value, name: str, *, traceable: bool = False) -> None:
+    """``value`` must be a finite number >= 0 (see :func:`_number` for ``traceable``)."""
+    number = _number(value, name, traceable)
+    if number is not None and (not math.isfinite(number) or number < 0):
+        raise ValueError(f"{name} must be finite and >= 0, got {number!r}")
+
+
+def check_positive_float(value, name: str, *, traceable: bool = False) -> None:
+    check_nonnegative_float(value, name, traceable=traceable)
+    if _number(value, name, traceable) == 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
@@ -98,11 +143,10 @@ def check_in_interval(
     value, name: str, low: float, high: float, *, closed_low: bool = False, closed_high: bool = False
 ) -> None:
     """``value`` must be a number in the interval from ``low`` to ``high`` (open unless closed)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    above = value >= low if closed_low else value > low
-    below = value <= high if closed_high else value < high
-    if not (math.isfinite(value) and above and below):
+    number = _number(value, name, traceable=False)
+    above = number >= low if closed_low else number > low
+    below = number <= high if closed_high else number < high
+    if not (math.isfinite(number) and above and below):
         interval = f"{'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
 
@@ -110,3 +154,38 @@ def check_in_interval(
 def check_choice(value, choices, name: str) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+
+
+def check_bool(value, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def check_flags(flags, name: str, shape: tuple[int, ...] | None = None) -> None:
+    """``flags`` must be a boolean (or 0/1 integer) array, of ``shape`` when given, not empty."""
+    if not hasattr(flags, "shape") or not hasattr(flags, "dtype"):
+        raise TypeError(f"{name} must be a boolean array, got {type(flags).__name__}")
+    if flags.dtype != np.bool_ and not np.issubdtype(flags.dtype, np.integer):
+        raise TypeError(f"{name} must be boolean (or 0/1 integers), got dtype {flags.dtype}")
+    if shape is not None and tuple(flags.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(flags.shape)}")
+    if flags.size == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(flags.shape)})")
+    values = concrete_values(flags)
+    if values is not None and values.dtype != np.bool_ and not np.isin(values, (0, 1)).all():
+        raise ValueError(f"{name} must hold only 0 and 1, got values {np.unique(values)[:5]}")
+
+
+def check_examples_seen(count, what: str) -> None:
+    """An accumulator's ``count`` must be above 0 (checked on concrete values only)."""
+    values = concrete_values(count)
+    if values is not None and not (values > 0).all():
+        raise ValueError(f"{what}: no examples seen yet (update it with at least one batch)")
+
+
+def check_layer_widths(widths) -> None:
+    """``widths`` must map at least one layer name to a number of neurons >= 1."""
+    if not widths:
+        raise ValueError("widths must name at least one layer")
+    for name, width in widths.items():
+        check_positive_int(width, f"width of layer {name!r}")

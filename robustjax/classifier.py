@@ -12,13 +12,14 @@ mean/std normalisation before the network sees them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 ApplyFn = Callable[[Any, jax.Array], jax.Array]
 FeaturesFn = Callable[[Any, jax.Array], Mapping[str, jax.Array]]
@@ -35,7 +36,7 @@ class NNXLogits:
     graphdef: Any
 
     def __call__(self, params: Any, x: jax.Array) -> jax.Array:
-        return nnx.merge(self.graphdef, params)(x)
+        return nnx.merge(self.graphdef, params, copy=True)(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +88,17 @@ class Classifier:
     )
 
     def __post_init__(self):
-        if not isinstance(self.num_classes, int) or self.num_classes < 2:
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, (int, np.integer)) \
+                or self.num_classes < 2:
             raise ValueError(f"num_classes must be an int >= 2, got {self.num_classes!r}")
+        object.__setattr__(self, "num_classes", int(self.num_classes))
         shape = tuple(self.input_shape)
-        if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
+        if len(shape) != 3 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0
+                                      for d in shape):
             raise ValueError(f"input_shape must be (H, W, C) positive ints, got {self.input_shape!r}")
+        shape = tuple(int(d) for d in shape)
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a string, got {type(self.name).__name__}")
         channels = shape[-1]
         for field in ("mean", "std"):
             value = tuple(float(v) for v in getattr(self, field))
@@ -114,14 +121,23 @@ class Classifier:
         mean: tuple[float, ...] = (0.0,),
         std: tuple[float, ...] = (1.0,),
         name: str | None = None,
+        batch_statistics: bool = False,
     ) -> Classifier:
-        """Wraps a Flax NNX module (put in eval mode) as a pure classifier.
+        """Wraps a Flax NNX module as a pure classifier; ``module`` itself is left as it was.
+
+        By default the classifier is the module in evaluation mode (batch norm with its
+        running averages, dropout off). With ``batch_statistics`` batch norm normalises
+        with the statistics of each batch it sees, as in training (dropout stays off, so
+        the classifier is still a deterministic function): the mode in which adversarial
+        training attacks a batch-norm network. Running averages are never updated through
+        a classifier; the training step updates them with its own forward pass.
 
         Layers that call ``self.sow(nnx.Intermediate, name, value)`` become available
         through :meth:`features`.
         """
-        module.eval()
-        graphdef, state = nnx.split(module)
+        view = nnx.view(module, deterministic=True, use_running_average=not batch_statistics,
+                        raise_if_not_found=False)
+        graphdef, state = nnx.split(view)
         return cls(
             params=state,
             apply_fn=NNXLogits(graphdef),
@@ -133,16 +149,16 @@ class Classifier:
             name=name or type(module).__name__,
         )
 
-    def normalize(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h w c"]:
+    def normalize(self, x: Float[ArrayLike, "b h w c"]) -> Float[Array, "b h w c"]:
         mean = jnp.asarray(self.mean, x.dtype)
         std = jnp.asarray(self.std, x.dtype)
         return (x - mean) / std
 
-    def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b k"]:
+    def __call__(self, x: Float[ArrayLike, "b h w c"]) -> Float[Array, "b k"]:
         """Logits for images ``x`` in [0, 1]."""
         return self.apply_fn(self.params, self.normalize(x))
 
-    def features(self, x: Float[Array, "b h w c"]) -> dict[str, jax.Array]:
+    def features(self, x: Float[ArrayLike, "b h w c"]) -> dict[str, jax.Array]:
         """Intermediate activations per layer, for coverage and neuron metrics."""
         if self.features_fn is None:
             raise ValueError(f"classifier {self.name!r} does not expose intermediate activations")
@@ -150,3 +166,29 @@ class Classifier:
 
     def replace(self, **changes) -> Classifier:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def stack(cls, classifiers: Sequence[Classifier], *, name: str | None = None) -> Classifier:
+        """Classifiers of one architecture as one whose parameters gain a leading axis,
+        to ``jax.vmap`` over (one row per classifier).
+
+        Every static field but ``name`` must agree; the stack is called ``name``, or the
+        common name, or ``"<n> classifiers"`` when the names differ.
+        """
+        classifiers = list(classifiers)
+        if not classifiers or not all(isinstance(c, Classifier) for c in classifiers):
+            raise TypeError("stack needs a non-empty sequence of robustjax.Classifier")
+        first = classifiers[0]
+        structure = jax.tree.structure(first.params)
+        for i, other in enumerate(classifiers[1:], start=1):
+            for field in ("apply_fn", "num_classes", "input_shape", "mean", "std", "features_fn"):
+                if getattr(other, field) != getattr(first, field):
+                    raise ValueError(f"cannot stack classifier {i} ({other.name!r}) on classifier 0 ({first.name!r}): "
+                                     f"their {field} differ ({getattr(other, field)!r} vs {getattr(first, field)!r})")
+            if jax.tree.structure(other.params) != structure:
+                raise ValueError(f"cannot stack classifier {i} ({other.name!r}) on classifier 0 ({first.name!r}): "
+                                 "their parameter trees differ")
+        names = {c.name for c in classifiers}
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(c.params for c in classifiers))
+        default = first.name if len(names) == 1 else f"{len(classifiers)} classifiers"
+        return first.replace(params=stacked, name=name or default)

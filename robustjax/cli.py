@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -154,7 +155,20 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
+def find_user_modules() -> None:
+    """Lets ``--model mymodels:my_model`` import ``mymodels.py`` from the working folder.
+
+    ``python -m`` and ``python script.py`` put a folder on ``sys.path``; an installed
+    console script does not, so the command adds the working folder itself (last, so
+    that a file there never shadows an installed package).
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
+    find_user_modules()
     args = parser().parse_args(argv)
     console = Console()
     try:

@@ -217,7 +217,7 @@ def test_bad_hyperparameters_are_refused(make_attack, message):
     [
         (dict(x=lambda x: x.at[0, 0, 0, 0].set(np.nan)), ValueError, "NaN"),
         (dict(x=lambda x: x * 2), ValueError, r"\[0, 1\]"),
-        (dict(x=lambda x: np.asarray(x, np.float64)), TypeError, "float32"),
+        (dict(x=lambda x: np.asarray(x * 255, np.uint8)), TypeError, "divide uint8 images by 255"),
         (dict(x=lambda x: x[:, :4]), ValueError, "classifier expects"),
         (dict(y=lambda y: y.at[0].set(10)), ValueError, r"\[0, 10\)"),
         (dict(y=lambda y: y[:3]), ValueError, "must have shape"),

@@ -253,6 +253,7 @@ def _success_and_l2(clf, x, y, x_adv):
 
 def _theirs(attack, x, y):
     import torch
+
     from benchmarks.torch_models import to_nchw, to_nhwc
 
     return to_nhwc(attack(to_nchw(x), torch.from_numpy(y).long()))

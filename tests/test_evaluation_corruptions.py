@@ -7,8 +7,7 @@ import pytest
 
 import robustjax as rj
 from robustjax import metrics
-from robustjax.evaluation import Plan, evaluate, plan_from_dict
-from robustjax.evaluation import runner
+from robustjax.evaluation import Plan, evaluate, plan_from_dict, runner
 from robustjax.evaluation.plan import CorruptionRun
 from robustjax.report import schema
 

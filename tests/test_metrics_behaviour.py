@@ -88,7 +88,7 @@ def test_jensen_shannon_matches_scipy():
 
 
 def _cases(logits, other, labels):
-    """(accumulator, one-shot function, per-batch arguments, keywords) for every metric."""
+    """(accumulator, one-shot function, per-batch arguments, settings) for every metric."""
     single = (logits, labels)
     pair = (other, logits, labels)
     return [
@@ -114,12 +114,13 @@ def test_streaming_equals_one_shot_and_merge_order_is_free():
     cuts = [slice(0, 13), slice(13, 30), slice(30, 40)]
     for accumulator, one_shot, args, kwargs in _cases(logits, other, labels):
         whole = one_shot(*args, **kwargs)
-        a, b, c = (accumulator.empty().update(*(v[s] for v in args), **kwargs) for s in cuts)
+        a, b, c = (accumulator.empty(**kwargs).update(*(v[s] for v in args)) for s in cuts)
         # Sums of at most 40 float32 terms in different orders: agree to 1e-6 relative.
         for merged in (a.merge(b).merge(c), c.merge(a).merge(b), a.merge(b.merge(c)), b.merge(c).merge(a)):
-            np.testing.assert_allclose(merged.compute(), whole, rtol=1e-6, atol=1e-7, err_msg=one_shot.__name__)
-        streamed = a.update(*(v[cuts[1]] for v in args), **kwargs).update(*(v[cuts[2]] for v in args), **kwargs)
-        np.testing.assert_allclose(streamed.compute(), whole, rtol=1e-6, atol=1e-7, err_msg=one_shot.__name__)
+            (value,) = merged.compute().values()
+            np.testing.assert_allclose(value, whole, rtol=1e-6, atol=1e-7, err_msg=one_shot.__name__)
+        streamed = a.update(*(v[cuts[1]] for v in args)).update(*(v[cuts[2]] for v in args))
+        np.testing.assert_allclose(streamed.ratio(), whole, rtol=1e-6, atol=1e-7, err_msg=one_shot.__name__)
 
 
 def test_jit_equals_eager():
@@ -136,7 +137,7 @@ def test_accumulator_is_a_pytree_that_jits_and_vmaps():
     logits, other, labels = _random_case(2)
     acc = jax.jit(lambda a, z, y: a.update(z, y))(bh.Accuracy.empty(), logits, labels)
     assert isinstance(acc, bh.Accuracy)
-    np.testing.assert_allclose(acc.compute(), bh.accuracy(logits, labels))
+    np.testing.assert_allclose(acc.compute()["accuracy"], bh.accuracy(logits, labels))
     stacked = jax.vmap(bh.accuracy, in_axes=(0, None))(jnp.stack([logits, other]), labels)
     np.testing.assert_allclose(stacked, [bh.accuracy(logits, labels), bh.accuracy(other, labels)])
 
@@ -184,6 +185,8 @@ def test_transforms_for_rgb_and_ric():
         (lambda: bh.classification_confidence_variance(LOGITS_DEFENDED[:4], LOGITS[:4], LABELS[:4], toolkit_compat=True), "both"),
         (lambda: bh.Accuracy.empty().compute(), "no examples"),
         (lambda: bh.Accuracy.empty().merge(bh.RectifyRatio.empty()), "cannot merge"),
+        (lambda: bh.ConfidenceVariance.empty().merge(bh.ConfidenceVariance.empty(toolkit_compat=True)), "settings"),
+        (lambda: bh.OutputStability.empty(toolkit_compat=1), "toolkit_compat must be True or False"),
         (lambda: bh.blur_for_rgb(jnp.ones((1, 4, 4, 3)), sigma=0.0), "sigma"),
     ],
 )

@@ -180,13 +180,13 @@ def test_calibration_streaming_equals_one_shot_and_merge_any_order(predictions):
     stats = cal.CalibrationStats.empty(1100)
     for lo in range(0, 1050, 256):
         stats = stats.update(conf[lo : lo + 256], correct[lo : lo + 256])
-    # capacities add up to the streaming one's, so compute compiles once for all three
-    halves = [cal.CalibrationStats.empty(550).update(conf[:500], correct[:500]),
-              cal.CalibrationStats.empty(550).update(conf[500:], correct[500:])]
+    # one capacity, so compute compiles once for all three
+    halves = [cal.CalibrationStats.empty(1100).update(conf[:500], correct[:500]),
+              cal.CalibrationStats.empty(1100).update(conf[500:], correct[500:])]
     for result in (stats.compute(), halves[0].merge(halves[1]).compute(), halves[1].merge(halves[0]).compute()):
         for name, value in one_shot.items():
             np.testing.assert_allclose(result[name], value, **TOL, err_msg=name)
-    quirk = stats.compute(skip_last_bin=True)["rms_calibration_error"]
+    quirk = stats.replace(skip_last_bin=True).compute()["rms_calibration_error"]
     np.testing.assert_allclose(quirk, cal.rms_calibration_error(conf, correct, skip_last_bin=True), **TOL)
 
 
@@ -194,7 +194,7 @@ def test_ood_streaming_equals_one_shot_and_merge_any_order(detection):
     scores, positive = jnp.asarray(detection[0]), jnp.asarray(detection[1])
     one_shot = {"auroc": cal.auroc(scores, positive), "aupr": cal.average_precision(scores, positive),
                 "fpr_at_tpr": cal.fpr_at_tpr(scores, positive)}
-    parts = [cal.OODStats.empty(200).update(scores[i : i + 100], positive[i : i + 100]) for i in range(0, 400, 100)]
+    parts = [cal.OODStats.empty(400).update(scores[i : i + 100], positive[i : i + 100]) for i in range(0, 400, 100)]
     for order in itertools.permutations(range(4), 4):
         merged = parts[order[0]]
         for i in order[1:]:
@@ -222,8 +222,11 @@ def test_jit_equals_eager(predictions, detection):
 
 def test_traced_overflow_gives_nan_not_a_number():
     stats = cal.CalibrationStats.empty(2).update(jnp.array([0.5, 0.6, 0.7]), jnp.array([1, 0, 1]))
-    assert int(stats.dropped) == 1
+    assert int(stats.count) == 3
     assert np.isnan(jax.jit(lambda s: s.compute())(stats)["aurra"])
+    fits = cal.CalibrationStats.empty(2).update(jnp.array([0.5]), jnp.array([1]))
+    assert np.isnan(jax.jit(lambda s: s.compute())(fits.merge(fits.merge(fits)))["aurra"])  # overflow by merging
+    assert not np.isnan(jax.jit(lambda s: s.compute())(fits.merge(fits))["aurra"])
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -259,6 +262,12 @@ def test_bad_settings_and_buffers():
         cal.rms_calibration_error(conf, correct, beta=2, skip_last_bin=True)
     with pytest.raises(ValueError, match="capacity"):
         cal.CalibrationStats.empty(0)
+    with pytest.raises(ValueError, match="beta"):
+        cal.CalibrationStats.empty(4, beta=0)
+    with pytest.raises(ValueError, match="skip_last_bin"):
+        cal.CalibrationStats.empty(4, beta=2, skip_last_bin=True).update(conf, correct).compute()
+    with pytest.raises(ValueError, match="different sizes"):
+        cal.CalibrationStats.empty(4).merge(cal.CalibrationStats.empty(5))
     with pytest.raises(ValueError, match="no samples"):
         cal.CalibrationStats.empty(4).compute()
     with pytest.raises(ValueError, match="overflowed"):

@@ -123,7 +123,9 @@ def test_psd_matches_pixel_loop(toolkit_compat):
 
 
 def _values(result):
-    """A metric result (a scalar or a Distortion) as one flat array."""
+    """A metric result (a scalar, a Distortion or a compute() dict) as one flat array."""
+    if isinstance(result, dict):
+        result = tuple(result.values())
     return jnp.atleast_1d(jnp.stack(result) if isinstance(result, tuple) else result)
 
 
@@ -144,7 +146,7 @@ def test_streaming_equals_one_shot_and_merge_order_is_free():
     cuts = [slice(0, 2), slice(2, 5), slice(5, 7)]
     for accumulator, one_shot, kwargs in _cases():
         whole = _values(one_shot(x, x_adv, success, **kwargs))
-        a, b, c = (accumulator.empty().update(x[s], x_adv[s], success[s], **kwargs) for s in cuts)
+        a, b, c = (accumulator.empty(**kwargs).update(x[s], x_adv[s], success[s]) for s in cuts)
         for merged in (a.merge(b).merge(c), c.merge(b).merge(a), b.merge(a.merge(c))):
             # float32 sums of <= 7 terms in different orders.
             np.testing.assert_allclose(_values(merged.compute()), whole, rtol=1e-6, err_msg=one_shot.__name__)
@@ -181,7 +183,9 @@ def test_ssim_and_distortion_are_differentiable():
         (lambda x, y, s: im.average_perturbation_sensitivity_distance(x, y, jnp.zeros(3, bool)), "success set S is empty"),
         (lambda x, y, s: im.average_perturbation_sensitivity_distance(x, y, s, eps=0.0), "eps"),
         (lambda x, y, s: im.average_lp_distortion(x.at[1].set(0.001), y, s), "all 0 at 8 bits"),
-        (lambda x, y, s: im.average_lp_distortion(x.astype(jnp.float16), y, s), "float32"),
+        (lambda x, y, s: im.average_lp_distortion((x * 255).astype(jnp.uint8), y, s), "floating-point"),
+        (lambda x, y, s: im.AverageStructuralSimilarity.empty(window=4), "window must be odd"),
+        (lambda x, y, s: im.PerturbationSensitivityDistance.empty(eps=-1.0), "eps"),
         (lambda x, y, s: im.AverageLpDistortion.empty().compute(), "ALD is undefined"),
     ],
 )

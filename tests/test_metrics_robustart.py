@@ -50,7 +50,7 @@ def test_streaming_equals_one_shot_and_merge_any_order():
             np.testing.assert_allclose(value, expected[name], **TOL, err_msg=name)
     # psum-able: summing the stacked leaves of per-device stats is the same as merging
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *parts)
-    summed = ra.AdversarialRobustnessStats(*jax.tree.map(lambda x: x.sum(0), stacked))
+    summed = jax.tree.map(lambda x: x.sum(0), stacked)
     np.testing.assert_allclose(summed.compute()["worst_case_adversarial_robustness"], 1 / 4, **TOL)
 
 
@@ -104,7 +104,7 @@ def test_bad_stats_use():
         ra.AdversarialRobustnessStats.empty(3).update(CLEAN, ADV)
     with pytest.raises(ValueError, match="merge"):
         ra.AdversarialRobustnessStats.empty(1).merge(ra.AdversarialRobustnessStats.empty(2))
-    with pytest.raises(ValueError, match="no samples"):
+    with pytest.raises(ValueError, match="no examples"):
         ra.AdversarialRobustnessStats.empty(1).compute()
     with pytest.raises(ValueError, match="undefined"):
         ra.AdversarialRobustnessStats.empty(2).update(jnp.zeros(6, bool), ADV).compute()

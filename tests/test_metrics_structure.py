@@ -55,7 +55,8 @@ def test_ebd2_hand_computed():
     assert capped.all()
     stats = st.BoundaryStepStats.empty().update(jnp.array([3, 5, 7]), jnp.array([False, True, False]))
     assert float(stats.compute()["ebd2"]) == pytest.approx(5.0)
-    assert float(stats.compute(include_capped=True)["ebd2"]) == pytest.approx(5.0)
+    with_capped = st.BoundaryStepStats.empty(include_capped=True).update(jnp.array([3, 9, 7]), jnp.array([False, True, False]))
+    assert float(with_capped.compute()["ebd2"]) == pytest.approx(19 / 3)
     assert float(stats.compute()["capped_fraction"]) == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="max_steps"):
         st.BoundaryStepStats.empty().update(jnp.array([5]), jnp.array([True])).compute()
@@ -81,13 +82,13 @@ def test_eni_hand_computed():
     toolkit = abs(sum(clean) - sum(noisy)) / (3 * max(linf))
     assert float(st.empirical_noise_insensitivity(x, x_noisy, logits, logits_noisy, y, toolkit_compat=True)) == pytest.approx(toolkit, rel=1e-5)
     # Merge of parts in any order equals the whole.
-    whole = st.NoiseInsensitivityStats.empty().update(x, x_noisy, logits, logits_noisy, y)
-    parts = [st.NoiseInsensitivityStats.empty().update(*(a[i:i + 1] for a in (x, x_noisy, logits, logits_noisy, y)))
-             for i in range(3)]
-    for order in itertools.permutations(parts):
-        merged = order[0].merge(order[1]).merge(order[2])
-        for compat in (False, True):
-            assert float(merged.compute(toolkit_compat=compat)) == pytest.approx(float(whole.compute(toolkit_compat=compat)), rel=1e-6)
+    for compat in (False, True):
+        whole = st.NoiseInsensitivityStats.empty(toolkit_compat=compat).update(x, x_noisy, logits, logits_noisy, y)
+        parts = [st.NoiseInsensitivityStats.empty(toolkit_compat=compat).update(
+            *(a[i:i + 1] for a in (x, x_noisy, logits, logits_noisy, y))) for i in range(3)]
+        for order in itertools.permutations(parts):
+            merged = order[0].merge(order[1]).merge(order[2])
+            assert float(merged.compute()["eni"]) == pytest.approx(float(whole.compute()["eni"]), rel=1e-6)
 
 
 def test_neuron_sensitivity_hand_computed():
@@ -103,7 +104,8 @@ def test_neuron_sensitivity_hand_computed():
     halves = [st.NeuronSensitivityStats.empty(widths).update({n: v[i:i + 1] for n, v in clean.items()},
                                                            {n: v[i:i + 1] for n, v in noisy.items()}) for i in range(2)]
     for a, b in (halves, halves[::-1]):
-        jax.tree.map(np.testing.assert_allclose, a.merge(b).compute(), out)
+        jax.tree.map(np.testing.assert_allclose, a.merge(b).per_neuron(), out)
+        assert float(a.merge(b).compute()["neuron_sensitivity"]) == pytest.approx(1.0)
 
 
 def test_neuron_uncertainty_streams_the_variance(digits_clf, digits_batch):
@@ -118,7 +120,7 @@ def test_neuron_uncertainty_streams_the_variance(digits_clf, digits_batch):
         merged = order[0]
         for part in order[1:]:
             merged = merged.merge(part)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), merged.compute(), expected)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), merged.per_neuron(), expected)
     hand = st.neuron_uncertainty({"a": jnp.array([[1.0, 0.0], [3.0, 0.0]])})
     np.testing.assert_allclose(hand["a"], [1.0, 0.0])
 
@@ -126,8 +128,8 @@ def test_neuron_uncertainty_streams_the_variance(digits_clf, digits_batch):
 def test_jit_equals_eager():
     x, x_noisy, logits, logits_noisy, y = eni_inputs()
     acc = st.NoiseInsensitivityStats.empty()
-    eager = acc.update(x, x_noisy, logits, logits_noisy, y).compute()
-    jitted = jax.jit(lambda a, *args: a.update(*args).compute())(acc, x, x_noisy, logits, logits_noisy, y)
+    eager = acc.update(x, x_noisy, logits, logits_noisy, y).compute()["eni"]
+    jitted = jax.jit(lambda a, *args: a.update(*args).compute()["eni"])(acc, x, x_noisy, logits, logits_noisy, y)
     np.testing.assert_allclose(jitted, eager, rtol=1e-6)  # one fused division may differ by an ulp
     values = {"a": jnp.array([[1.0, 0.0], [3.0, 2.0]])}
     np.testing.assert_allclose(jax.jit(st.neuron_uncertainty)(values)["a"], st.neuron_uncertainty(values)["a"], rtol=1e-6)
@@ -153,7 +155,7 @@ def test_bad_input(key):
     with pytest.raises(ValueError, match="NaN"):
         st.noise_insensitivity(xs, x_noisy, logits.at[0, 0].set(jnp.nan), logits_noisy, ys)
     with pytest.raises(ValueError, match="no examples"):
-        st.MeanStats.empty().compute()
+        st.BoundaryDistanceStats.empty().compute()
     with pytest.raises(ValueError, match="no examples"):
         st.NeuronUncertaintyStats.empty({"a": 2}).compute()
     with pytest.raises(ValueError, match="differ"):

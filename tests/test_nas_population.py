@@ -161,7 +161,7 @@ def test_score_based_attacks_and_streaming_metrics_give_each_network_its_own_res
         np.testing.assert_array_equal(together[1][index], alone[1])
         for accumulator in (2, 3):
             mine = jax.tree.map(lambda leaf: leaf[index], together[accumulator])
-            np.testing.assert_allclose(mine.compute(), alone[accumulator].compute(), atol=1e-6)
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), mine.compute(), alone[accumulator].compute())
         stats = jax.tree.map(lambda leaf: leaf[index], together[4])
         for name, value in stats.compute().items():
             np.testing.assert_allclose(value, alone[4].compute()[name], atol=1e-6, err_msg=name)

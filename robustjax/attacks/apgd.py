@@ -36,9 +36,15 @@ from robustjax.attacks import threat
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
 from robustjax.attacks.l1 import l1_random_start
 from robustjax.attacks.loop import resolve_unroll
-from robustjax.attacks.pgd import check_unroll
-from robustjax.checks import check_choice, check_in_interval, check_nonnegative_float, check_positive_int
+from robustjax.checks import (
+    check_choice,
+    check_in_interval,
+    check_nonnegative_float,
+    check_positive_int,
+    check_unroll,
+)
 from robustjax.losses import attack_margin, cross_entropy, dlr, targeted_dlr
+from robustjax.sharding import varying_like
 
 LOSSES = ("ce", "dlr")
 
@@ -105,7 +111,9 @@ class APGD(Attack):
         of ~6 s and ran no faster.
     """
 
-    eps: float = 8 / 255
+    traceable = ("eps",)
+
+    eps: float | jax.Array = 8 / 255
     norm: str = "linf"
     loss: str = "ce"
     steps: int = 100
@@ -115,7 +123,7 @@ class APGD(Attack):
     unroll: int | bool | None = False
 
     def __post_init__(self):
-        check_nonnegative_float(self.eps, "eps")
+        check_nonnegative_float(self.eps, "eps", traceable=True)
         check_choice(self.norm, threat.NORMS, "norm")
         check_choice(self.loss, LOSSES, "loss")
         check_positive_int(self.steps, "steps")
@@ -137,7 +145,7 @@ class APGD(Attack):
         return -cross_entropy(logits, target) if self.loss == "ce" else targeted_dlr(logits, y, target)
 
     @property
-    def initial_step_size(self) -> float:
+    def initial_step_size(self) -> float | jax.Array:
         """``2 eps`` (linf, l2) or ``eps`` (l1), as in AutoAttack."""
         return (1.0 if self.norm == "l1" else 2.0) * self.eps
 
@@ -152,7 +160,7 @@ class APGD(Attack):
     def ascend(self, x, x_adv, x_prev, grad, step_size, sparsity, momentum):
         """One APGD step from ``x_adv``, projected onto the threat set and the box."""
         if self.norm == "l1":
-            dim = x[0].size
+            dim = threat.example_size(x)
             k = dim - jnp.clip(jnp.floor((1.0 - sparsity) * dim), 0, dim - 1).astype(jnp.int32)
             return threat.ascent_step(x, x_adv, grad, step_size, self.eps, "l1", k)
         z = threat.ascent_step(x, x_adv, grad, step_size, self.eps, self.norm, None)
@@ -195,7 +203,7 @@ class APGD(Attack):
                 top = self.initial_step_size
                 adapted = jnp.clip(jnp.where(sparser, top, s.step_size / 1.5), top / 10.0, top)
                 step_size = jnp.where(at_checkpoint, adapted, s.step_size)
-                sparsity = jnp.where(at_checkpoint, nonzero / x[0].size / 1.5, s.sparsity)
+                sparsity = jnp.where(at_checkpoint, nonzero / threat.example_size(x) / 1.5, s.sparsity)
                 sparsity_last = jnp.where(at_checkpoint, nonzero, s.sparsity_last)
                 restart = at_checkpoint & sparser
             else:
@@ -227,7 +235,7 @@ class APGD(Attack):
 
         x_adv = self.start(key, x)
         loss, grad, success = evaluate(x_adv)
-        dim = float(x[0].size)
+        dim = float(threat.example_size(x))
         init = _State(
             x_adv=x_adv,
             x_prev=x_adv,
@@ -246,5 +254,5 @@ class APGD(Attack):
             sparsity=jnp.full(batch, 0.2, x.dtype),
             sparsity_last=jnp.full(batch, dim, x.dtype),
         )
-        s = jax.lax.fori_loop(0, self.steps, step, init, unroll=resolve_unroll(self.unroll))
+        s = jax.lax.fori_loop(0, self.steps, step, varying_like(init, x), unroll=resolve_unroll(self.unroll))
         return finalize(classifier, pick(s.done, s.x_found, s.x_best), y, target, s.queries)

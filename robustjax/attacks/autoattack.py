@@ -34,7 +34,7 @@ import numpy as np
 
 from robustjax.attacks.apgd import APGD
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
-from robustjax.attacks.compaction import bucket
+from robustjax.attacks.compaction import bucket, traced
 from robustjax.attacks.fab import FAB
 from robustjax.attacks.square import Square
 from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int
@@ -90,8 +90,8 @@ class AutoAttack(Attack):
             parts = [(apgd, 5, 0), (apgd_dlr, 5, 0), (fab, 5, 0), (square, 1, 0), (apgd_t, 1, targets), (fab_t, 1, 0)]
         return tuple(part for part in parts if part[0] is not None)
 
-    def __call__(self, classifier, x, y, *, key: jax.Array, target=None) -> AttackResult:
-        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((classifier, x, y, key))):
+    def __call__(self, classifier, x, y, *, key: jax.Array | None = None, target=None) -> AttackResult:
+        if traced(classifier, x, y, key):
             return super().__call__(classifier, x, y, key=key, target=target)
         self.validate(classifier, x, y, key, target)
         return self._run_on_robust(classifier, x, y, key)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import abc
 import copy
 import dataclasses
-import difflib
 import functools
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -18,11 +17,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from robustjax.checks import check_batch, check_nonnegative_float, check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.losses import attack_margin
+from robustjax.registry import Registry
+from robustjax.sharding import auto_axes_over_batch
 
 
 class AttackResult(NamedTuple):
@@ -49,18 +50,22 @@ class Attack(abc.ABC):
 
     name: str = ""
     supports_targeted: bool = True
+    # Fields that may hold a JAX scalar (traced in a user's program, or concrete): they
+    # enter the compiled program as arguments, so new values do not recompile.
+    traceable: tuple[str, ...] = ()
 
     def __call__(
         self,
         classifier: Classifier,
-        x: Float[Array, "b h w c"],
-        y: Int[Array, " b"],
+        x: Float[ArrayLike, "b h w c"],
+        y: Int[ArrayLike, " b"],
         *,
-        key: jax.Array,
-        target: Int[Array, " b"] | None = None,
+        key: jax.Array | None = None,
+        target: Int[ArrayLike, " b"] | None = None,
     ) -> AttackResult:
         self.validate(classifier, x, y, key, target)
-        return _run(self, classifier, *as_arrays(x, y, target), key)
+        static, fields = split_traceable(self)
+        return _run(static, classifier, *as_arrays(x, y, target), key, fields)
 
     def validate(self, classifier, x, y, key, target) -> None:
         """Host-side checks of a call's arguments, before anything is traced."""
@@ -69,19 +74,21 @@ class Attack(abc.ABC):
         check_batch(classifier, x, y, target)
         if target is not None and not self.supports_targeted:
             raise ValueError(f"attack {self.name!r} has no targeted mode")
+        if key is None:
+            raise TypeError(f"attack {self.name!r} needs a PRNG key: call it with key=jax.random.key(seed)")
         if not isinstance(key, jax.Array):
             raise TypeError(f"key must be a jax PRNG key (jax.random.key(seed)), got {type(key).__name__}")
 
     def sweep(
         self,
         classifier: Classifier,
-        x: Float[Array, "b h w c"],
-        y: Int[Array, " b"],
+        x: Float[ArrayLike, "b h w c"],
+        y: Int[ArrayLike, " b"],
         *,
-        key: jax.Array,
+        key: jax.Array | None = None,
         eps: Sequence[float] | None = None,
         restarts: int = 1,
-        target: Int[Array, " b"] | None = None,
+        target: Int[ArrayLike, " b"] | None = None,
     ) -> AttackResult:
         """Runs every epsilon of ``eps`` with ``restarts`` random restarts each, as one
         compiled program (``vmap`` over epsilons and restart keys).
@@ -94,7 +101,9 @@ class Attack(abc.ABC):
         batch on one device.
         """
         grid = self.check_sweep(classifier, x, y, key, eps, restarts, target)
-        return _sweep(self, restarts, classifier, *as_arrays(x, y, target), key, jnp.asarray(grid, jnp.float32))
+        static, fields = split_traceable(self)
+        return _sweep(static, restarts, classifier, *as_arrays(x, y, target), key, jnp.asarray(grid, jnp.float32),
+                      fields)
 
     def check_sweep(self, classifier, x, y, key, eps, restarts, target) -> np.ndarray:
         """Validates a :meth:`sweep` call; returns its epsilons."""
@@ -119,13 +128,31 @@ class Attack(abc.ABC):
 
 
 def as_arrays(x, y, target) -> tuple:
-    """Validated inputs as JAX arrays: float images, int32 labels and targets."""
-    return jnp.asarray(x), jnp.asarray(y, jnp.int32), None if target is None else jnp.asarray(target, jnp.int32)
+    """Validated inputs as JAX arrays: float32 images (the dtype policy of
+    :func:`robustjax.checks.as_images`), int32 labels and targets."""
+    return (jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.int32),
+            None if target is None else jnp.asarray(target, jnp.int32))
+
+
+# Stands for a traceable field's value in the static half of a split attack.
+_PASSED_AS_ARGUMENT = "<passed as an argument>"
+
+
+def split_traceable(attack: Attack) -> tuple[Attack, dict[str, jax.Array]]:
+    """``attack`` as a hashable static config plus its traceable fields that hold JAX
+    arrays, which the compiled program takes as arguments (see ``Attack.traceable``)."""
+    fields = {name: getattr(attack, name) for name in attack.traceable
+              if isinstance(getattr(attack, name), jax.Array)}
+    if not fields:
+        return attack, {}
+    return with_traced_fields(attack, **dict.fromkeys(fields, _PASSED_AS_ARGUMENT)), fields
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _run(attack: Attack, classifier, x, y, target, key) -> AttackResult:
-    return attack.run(classifier, x, y, key, target)
+def _run(attack: Attack, classifier, x, y, target, key, fields) -> AttackResult:
+    attack = with_traced_fields(attack, **fields)
+    run = auto_axes_over_batch(lambda c, x, y, t, k: attack.run(c, x, y, k, t), x)
+    return run(classifier, x, y, target, key)
 
 
 def with_traced_fields(attack: Attack, **fields) -> Attack:
@@ -140,7 +167,13 @@ def with_traced_fields(attack: Attack, **fields) -> Attack:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _sweep(attack: Attack, restarts: int, classifier, x, y, target, key, grid) -> AttackResult:
+def _sweep(attack: Attack, restarts: int, classifier, x, y, target, key, grid, fields) -> AttackResult:
+    attack = with_traced_fields(attack, **fields)
+    return auto_axes_over_batch(functools.partial(_sweep_grid, attack, restarts), x, batch_dim=1)(
+        classifier, x, y, target, key, grid)
+
+
+def _sweep_grid(attack: Attack, restarts: int, classifier, x, y, target, key, grid) -> AttackResult:
     keys = jax.random.split(key, restarts)
 
     def one(eps, restart_key):
@@ -163,34 +196,28 @@ def finalize(classifier: Classifier, x_adv, y, target, queries) -> AttackResult:
     return AttackResult(x_adv=x_adv, success=margin < 0, queries=queries + 1, margin=margin)
 
 
-_REGISTRY: dict[str, type[Attack]] = {}
+_ATTACKS: Registry[type[Attack]] = Registry("attack")
 
 
 def register_attack(name: str):
     """Class decorator adding an attack config class to the registry under ``name``."""
 
     def decorator(cls: type[Attack]) -> type[Attack]:
-        if name in _REGISTRY:
-            raise ValueError(f"attack {name!r} is already registered")
+        _ATTACKS.register(name, cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return decorator
 
 
 def names() -> list[str]:
-    """Names of all registered attacks."""
-    return sorted(_REGISTRY)
+    """Names of all registered attacks, sorted."""
+    return sorted(_ATTACKS)
 
 
 def get(name: str) -> type[Attack]:
     """The attack class registered as ``name``."""
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown attack {name!r}{hint}; known attacks: {names()}")
-    return _REGISTRY[name]
+    return _ATTACKS.get(name)
 
 
 def make(name: str, **params) -> Attack:

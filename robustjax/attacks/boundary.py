@@ -53,6 +53,7 @@ from robustjax.checks import (
     check_positive_float,
     check_positive_int,
 )
+from robustjax.sharding import varying_like
 
 _ORTHOGONAL, _SOURCE = 0, 1
 
@@ -205,5 +206,5 @@ class Boundary(DecisionAttack):
             queries=queries,
             step=jnp.zeros((), jnp.int32),
         )
-        final = jax.lax.while_loop(running, trial, init)
+        final = jax.lax.while_loop(running, trial, varying_like(init, x))
         return final.best, found, final.queries

@@ -30,7 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool
 
-from robustjax.attacks.base import Attack, AttackResult, as_arrays, with_traced_fields
+from robustjax.attacks.base import (
+    Attack,
+    AttackResult,
+    as_arrays,
+    split_traceable,
+    with_traced_fields,
+)
+from robustjax.sharding import varying_like
 
 State = Any
 
@@ -65,18 +72,19 @@ class Segmented(Attack):
         return True
 
     def run(self, classifier, x, y, key, target) -> AttackResult:
-        state = self.start(classifier, x, y, key, target)
+        state = varying_like(self.start(classifier, x, y, key, target), x)
         state = jax.lax.while_loop(
             lambda s: self.active(s).any(), lambda s: self.advance(classifier, x, y, target, s), state)
         return self.finish(classifier, x, y, target, state)
 
-    def __call__(self, classifier, x, y, *, key: jax.Array, target=None) -> AttackResult:
-        if not self.compactable or not on_one_device(classifier, x, y, key, target):
+    def __call__(self, classifier, x, y, *, key: jax.Array | None = None, target=None) -> AttackResult:
+        static, fields = split_traceable(self)
+        if not self.compactable or not on_one_device(classifier, x, y, key, target, fields):
             return super().__call__(classifier, x, y, key=key, target=target)
         self.validate(classifier, x, y, key, target)
-        return run_compacted(self, classifier, *as_arrays(x, y, target), key)
+        return run_compacted(static, classifier, *as_arrays(x, y, target), key, fields)
 
-    def sweep(self, classifier, x, y, *, key, eps=None, restarts=1, target=None) -> AttackResult:
+    def sweep(self, classifier, x, y, *, key=None, eps=None, restarts=1, target=None) -> AttackResult:
         """As :meth:`Attack.sweep`; on concrete arrays, run as a nested search instead of
         one program.
 
@@ -86,23 +94,28 @@ class Segmented(Attack):
         with epsilon, and it is charged no further queries. An example keeps its first
         successful restart, or the restart with the lowest margin when none succeeded.
         """
-        if not self.compactable or not on_one_device(classifier, x, y, key, target):
+        if not self.compactable or not on_one_device(classifier, x, y, key, target) or split_traceable(self)[1]:
             return super().sweep(classifier, x, y, key=key, eps=eps, restarts=restarts, target=target)
         grid = self.check_sweep(classifier, x, y, key, eps, restarts, target)
         return nested_sweep(self, classifier, *as_arrays(x, y, target), key, grid, restarts)
 
 
+def traced(*trees) -> bool:
+    """Whether the call is being staged into a program (inside ``jax.jit``, ``lax.scan``,
+    ``eval_shape``, where even constants become tracers) or any leaf is a tracer."""
+    return isinstance(jnp.zeros(()), jax.core.Tracer) or any(
+        isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(trees))
+
+
 def on_one_device(*trees) -> bool:
-    """Whether every leaf is concrete (not traced) and none is spread over several devices.
+    """Whether the call runs eagerly on concrete leaves of which none is spread over
+    several devices.
 
     Sharded batches keep the one-program run, which XLA spreads over their devices.
     """
-    for leaf in jax.tree.leaves(trees):
-        if isinstance(leaf, jax.core.Tracer):
-            return False
-        if isinstance(leaf, jax.Array) and len(leaf.sharding.device_set) > 1:
-            return False
-    return True
+    if traced(*trees):
+        return False
+    return all(len(leaf.sharding.device_set) == 1 for leaf in jax.tree.leaves(trees) if isinstance(leaf, jax.Array))
 
 
 def bucket(count: int, batch: int, factor: int = 2, parts: int = 4) -> int:

@@ -25,9 +25,14 @@ from jaxtyping import Array, Float
 
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
 from robustjax.attacks.loop import resolve_unroll
-from robustjax.attacks.pgd import check_unroll
-from robustjax.checks import check_nonnegative_float, check_positive_float, check_positive_int
+from robustjax.checks import (
+    check_nonnegative_float,
+    check_positive_float,
+    check_positive_int,
+    check_unroll,
+)
 from robustjax.losses import attack_margin
+from robustjax.sharding import varying_like
 
 # Shrinks images away from 0 and 1 before arctanh, as in the authors' code, so that every
 # pixel has a finite preimage in tanh space.
@@ -122,7 +127,7 @@ class CWL2(Attack):
             init = (w0, optimizer.init(w0), jnp.full(batch, jnp.finfo(x.dtype).max),
                     jnp.zeros(batch, bool), jnp.zeros(batch, bool), best)
             *_, found, best = jax.lax.fori_loop(
-                0, self.steps, step_unless_all_stopped, init, unroll=resolve_unroll(self.unroll))
+                0, self.steps, step_unless_all_stopped, varying_like(init, x), unroll=resolve_unroll(self.unroll))
             return found, best
 
         def search(_, state):
@@ -136,5 +141,5 @@ class CWL2(Attack):
         best = (jnp.full(batch, jnp.inf, x.dtype), x, jnp.zeros(batch, jnp.int32))
         init = (jnp.full(batch, self.initial_const, x.dtype), jnp.zeros(batch, x.dtype),
                 jnp.full(batch, jnp.inf, x.dtype), best)
-        *_, (_, x_adv, queries) = jax.lax.fori_loop(0, self.binary_search_steps, search, init)
+        *_, (_, x_adv, queries) = jax.lax.fori_loop(0, self.binary_search_steps, search, varying_like(init, x))
         return finalize(classifier, x_adv, y, target, queries)

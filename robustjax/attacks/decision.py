@@ -38,6 +38,7 @@ from robustjax.attacks.score import PLACEHOLDER, per_example, select, warn_if_pr
 from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.losses import attack_margin
+from robustjax.sharding import varying_like
 
 _TINY = 1e-12
 
@@ -61,7 +62,7 @@ def query(
     def decide(batch):
         return attack_margin(classifier(batch), labels, targets) < 0
 
-    decided = jax.lax.cond(allowed.any(), decide, lambda batch: jnp.zeros(b * n, bool), images)
+    decided = jax.lax.cond(allowed.any(), decide, lambda batch: varying_like(jnp.zeros(b * n, bool), batch), images)
     adversarial = decided.reshape(b, n) & allowed
     return adversarial, allowed.sum(axis=1, dtype=jnp.int32)
 
@@ -138,7 +139,7 @@ def bisect(
         return (jnp.where(allowed & ~adversarial, mid, lo), jnp.where(adversarial, mid, hi),
                 select(adversarial, point, x_hi), queries + cost)
 
-    _, hi, x_hi, queries = jax.lax.fori_loop(0, steps, halve, (lo, hi, x_hi, queries))
+    _, hi, x_hi, queries = jax.lax.fori_loop(0, steps, halve, varying_like((lo, hi, x_hi, queries), x_hi))
     return hi, x_hi, queries
 
 
@@ -166,7 +167,7 @@ def initial_point(
         return trial + 1, found | adversarial, select(adversarial, candidate, noise), queries + cost
 
     init = (jnp.zeros((), jnp.int32), jnp.zeros(x.shape[0], bool), x, queries)
-    _, found, noise, queries = jax.lax.while_loop(searching, draw, init)
+    _, found, noise, queries = jax.lax.while_loop(searching, draw, varying_like(init, x))
     zeros = jnp.zeros(x.shape[0], x.dtype)
     _, start, queries = bisect(classifier, lambda a: blend(x, noise, a), zeros, zeros + 1.0, noise,
                                bisection_steps(1.0, tolerance), y, target, found, queries, limit)

@@ -30,9 +30,9 @@ from jaxtyping import Array, Float, Int
 
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
 from robustjax.attacks.loop import resolve_unroll
-from robustjax.attacks.pgd import check_unroll
-from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int
+from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int, check_unroll
 from robustjax.losses import margin
+from robustjax.sharding import varying_like
 
 NORMS = ("l2", "linf")
 _TINY = 1e-12
@@ -141,5 +141,5 @@ class DeepFool(Attack):
 
         init = (x, jnp.zeros(batch, bool), queries)
         x_adv, _, queries = jax.lax.fori_loop(
-            0, self.steps, step_unless_all_done, init, unroll=resolve_unroll(self.unroll))
+            0, self.steps, step_unless_all_done, varying_like(init, x), unroll=resolve_unroll(self.unroll))
         return finalize(classifier, x_adv, y, None, queries)

@@ -35,9 +35,15 @@ from jaxtyping import Array, Float
 from robustjax.attacks import threat
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
 from robustjax.attacks.loop import resolve_unroll
-from robustjax.attacks.pgd import check_unroll
-from robustjax.checks import check_choice, check_in_interval, check_nonnegative_float, check_positive_int
+from robustjax.checks import (
+    check_choice,
+    check_in_interval,
+    check_nonnegative_float,
+    check_positive_int,
+    check_unroll,
+)
 from robustjax.losses import attack_margin
+from robustjax.sharding import varying_like
 
 
 def _level(slope: jax.Array, full: jax.Array, c: jax.Array) -> jax.Array:
@@ -254,7 +260,7 @@ class FAB(Attack):
             best_norm=jnp.where(already, 0.0, jnp.inf).astype(x.dtype),
             queries=jnp.zeros(x0.shape[0], jnp.int32),
         )
-        s = jax.lax.fori_loop(0, self.steps, step, init, unroll=resolve_unroll(self.unroll))
+        s = jax.lax.fori_loop(0, self.steps, step, varying_like(init, x), unroll=resolve_unroll(self.unroll))
 
         best_norm = s.best_norm.reshape(runs, batch)
         winner = jnp.argmin(best_norm, axis=0)

@@ -24,10 +24,12 @@ class FGSM(Attack):
     """One signed-gradient step of size ``eps`` (L-infinity); targeted mode descends the
     cross-entropy of the target."""
 
-    eps: float = 8 / 255
+    traceable = ("eps",)
+
+    eps: float | jax.Array = 8 / 255
 
     def __post_init__(self):
-        check_nonnegative_float(self.eps, "eps")
+        check_nonnegative_float(self.eps, "eps", traceable=True)
 
     def run(self, classifier, x, y, key, target) -> AttackResult:
         del key  # deterministic

@@ -48,6 +48,7 @@ from robustjax.attacks.decision import (
     select,
 )
 from robustjax.checks import check_choice, check_positive_int
+from robustjax.sharding import varying_like
 
 NORMS = ("l2", "linf")
 
@@ -87,7 +88,7 @@ class HopSkipJump(DecisionAttack):
 
     def to_boundary(self, classifier, x, x_adv, y, target, active, queries, limit):
         """Bisects from the adversarial ``x_adv`` towards ``x`` onto the boundary."""
-        steps = bisection_steps(1.0, self.theta(x[0].size))
+        steps = bisection_steps(1.0, self.theta(threat.example_size(x)))
         zeros = jnp.zeros(x.shape[0], x.dtype)
         if self.norm == "l2":
             _, x_b, queries = bisect(classifier, lambda a: blend(x, x_adv, a), zeros, zeros + 1.0, x_adv, steps,
@@ -131,7 +132,7 @@ class HopSkipJump(DecisionAttack):
         zeros = jnp.zeros(x_b.shape[0], x_b.dtype)
         init = (jnp.zeros((), jnp.int32), jnp.zeros_like(x_b), jnp.zeros_like(x_b), zeros,
                 jnp.zeros(x_b.shape[0], jnp.int32), queries)
-        _, s_fu, s_u, s_f, n, queries = jax.lax.while_loop(more, sample, init)
+        _, s_fu, s_u, s_f, n, queries = jax.lax.while_loop(more, sample, varying_like(init, x_b))
         count = per_example(jnp.maximum(n, 1).astype(x_b.dtype), x_b)
         mean_phi = per_example(s_f, x_b) / count
         unanimous = jnp.abs(mean_phi) == 1.0  # baseline would cancel everything: use +-mean(u)
@@ -145,7 +146,7 @@ class HopSkipJump(DecisionAttack):
         start, found, queries = initial_point(classifier, x, y, target, start_key, active, queries, limit,
                                               trials=self.init_size)
         x_b, queries = self.to_boundary(classifier, x, start, y, target, found, queries, limit)
-        dim = x[0].size
+        dim = threat.example_size(x)
         scale = dim ** 0.5 if self.norm == "l2" else dim  # delta = scale * theta * dist
 
         def running(state):
@@ -170,7 +171,7 @@ class HopSkipJump(DecisionAttack):
 
         distance = jnp.where(found, threat.per_example_norm(x_b - x, self.norm), jnp.inf)
         init = (jnp.zeros((), jnp.int32), x_b, x_b, distance, queries)
-        _, _, best, _, queries = jax.lax.while_loop(running, iterate, init)
+        _, _, best, _, queries = jax.lax.while_loop(running, iterate, varying_like(init, x))
         return best, found, queries
 
     def geometric_step(self, classifier, x_b, direction, step, y, target, active, queries, limit):

@@ -43,7 +43,7 @@ def _soft_threshold_level(mag: jax.Array, room: jax.Array, eps: jax.Array) -> ja
 
 
 def project_l1_box(
-    x: Float[Array, "b ..."], delta: Float[Array, "b ..."], eps: float | Float[Array, " b"]
+    x: Float[Array, "b ..."], delta: Float[Array, "b ..."], eps: float | Float[Array, ""] | Float[Array, " b"]
 ) -> Float[Array, "b ..."]:
     """Euclidean projection of each ``delta_i`` onto ``{d : ||d||_1 <= eps, 0 <= x_i + d <= 1}``.
 
@@ -92,7 +92,7 @@ def sparse_l1_direction(
 
 
 def l1_random_start(
-    key: jax.Array, x: Float[Array, "b ..."], eps: float | Float[Array, " b"]
+    key: jax.Array, x: Float[Array, "b ..."], eps: float | Float[Array, ""] | Float[Array, " b"]
 ) -> Float[Array, "b ..."]:
     """``x`` plus the projection of a standard Gaussian onto ``S(x)``, as AutoAttack's
     l1-APGD starts. The Gaussian's l1 norm is far above ``eps`` in image dimensions, so

@@ -19,7 +19,15 @@ import jax.numpy as jnp
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize
 from robustjax.attacks.compaction import Segmented
+from robustjax.checks import (
+    check_choice,
+    check_in_interval,
+    check_nonnegative_float,
+    check_positive_int,
+    check_unroll,
+)
 from robustjax.losses import attack_cross_entropy, attack_margin
+from robustjax.sharding import varying_like
 
 # Number of segments the steps are split into when the loop runs compacted.
 SEGMENTS = 10
@@ -56,12 +64,24 @@ class GradientAscent(Segmented):
     ``random_start``, ``early_stop`` and ``unroll``.
     """
 
-    eps: float
+    eps: float | jax.Array
     norm: str
     steps: int
     random_start: bool
     early_stop: bool
     unroll: int | bool | None
+
+    def check_fields(self) -> None:
+        """Validates the fields every subclass shares (``step_size`` and ``l1_sparsity``
+        too, where a subclass has them)."""
+        check_nonnegative_float(self.eps, "eps", traceable=True)
+        check_choice(self.norm, threat.NORMS, "norm")
+        check_positive_int(self.steps, "steps")
+        if getattr(self, "step_size", None) is not None:
+            check_nonnegative_float(self.step_size, "step_size", traceable=True)
+        check_unroll(self.unroll)
+        if hasattr(self, "l1_sparsity"):
+            check_in_interval(self.l1_sparsity, "l1_sparsity", 0, 1, closed_high=True)
 
     def x_start(self, key, x) -> jax.Array:
         """The first iterate: uniform in the threat ball with ``random_start``, else ``x``."""
@@ -85,8 +105,9 @@ class GradientAscent(Segmented):
 
     def start(self, classifier, x, y, key, target) -> AscentState:
         batch = x.shape[0]
-        return AscentState(step=jnp.zeros((), jnp.int32), x_adv=self.x_start(key, x), carry=self.initial_carry(x),
-                           done=jnp.zeros(batch, bool), queries=jnp.zeros(batch, jnp.int32))
+        state = AscentState(step=jnp.zeros((), jnp.int32), x_adv=self.x_start(key, x), carry=self.initial_carry(x),
+                            done=jnp.zeros(batch, bool), queries=jnp.zeros(batch, jnp.int32))
+        return varying_like(state, x)
 
     def active(self, state: AscentState) -> jax.Array:
         return ~state.done & (state.step < self.steps)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import register_attack
 from robustjax.attacks.loop import GradientAscent
-from robustjax.attacks.pgd import check_iterative
 from robustjax.checks import check_nonnegative_float
 
 _TINY = 1e-12
@@ -34,10 +34,12 @@ class MIFGSM(GradientAscent):
       random_start, early_stop, l1_sparsity, unroll: as in :class:`robustjax.attacks.PGD`.
     """
 
-    eps: float = 8 / 255
+    traceable = ("eps", "step_size")
+
+    eps: float | jax.Array = 8 / 255
     norm: str = "linf"
     steps: int = 10
-    step_size: float | None = None
+    step_size: float | jax.Array | None = None
     decay: float = 1.0
     random_start: bool = False
     early_stop: bool = True
@@ -45,11 +47,11 @@ class MIFGSM(GradientAscent):
     unroll: int | bool | None = None
 
     def __post_init__(self):
-        check_iterative(self)
+        self.check_fields()
         check_nonnegative_float(self.decay, "decay")
 
     @property
-    def alpha(self) -> float:
+    def alpha(self) -> float | jax.Array:
         return self.eps / self.steps if self.step_size is None else self.step_size
 
     def initial_carry(self, x):
@@ -59,4 +61,5 @@ class MIFGSM(GradientAscent):
         l1 = jnp.sum(jnp.abs(grad), axis=tuple(range(1, grad.ndim)), keepdims=True)
         momentum = self.decay * momentum + grad / (l1 + _TINY)
         return threat.ascent_step(
-            x, x_adv, momentum, self.alpha, self.eps, self.norm, threat.l1_count(self.l1_sparsity, x)), momentum
+            x, x_adv, momentum, self.alpha, self.eps, self.norm,
+            threat.l1_count(self.l1_sparsity, x) if self.norm == "l1" else None), momentum

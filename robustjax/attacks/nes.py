@@ -35,7 +35,13 @@ from jaxtyping import Array, Float, Key
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize, register_attack
-from robustjax.attacks.score import EstimatedGradientAttack, antithetic_gradient, per_candidate, query, select
+from robustjax.attacks.score import (
+    EstimatedGradientAttack,
+    antithetic_gradient,
+    per_candidate,
+    query,
+    select,
+)
 from robustjax.checks import (
     check_choice,
     check_in_interval,

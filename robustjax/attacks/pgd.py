@@ -14,27 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from robustjax.attacks import threat
 from robustjax.attacks.base import register_attack
 from robustjax.attacks.loop import GradientAscent
-from robustjax.checks import check_choice, check_in_interval, check_nonnegative_float, check_positive_int
-
-
-def check_unroll(unroll) -> None:
-    if unroll is None or isinstance(unroll, bool):
-        return
-    check_positive_int(unroll, "unroll")
-
-
-def check_iterative(attack) -> None:
-    """Validates the fields PGD-like attacks share: eps, norm, steps, step_size, l1_sparsity, unroll."""
-    check_nonnegative_float(attack.eps, "eps")
-    check_choice(attack.norm, threat.NORMS, "norm")
-    check_positive_int(attack.steps, "steps")
-    if attack.step_size is not None:
-        check_nonnegative_float(attack.step_size, "step_size")
-    check_unroll(attack.unroll)
-    check_in_interval(attack.l1_sparsity, "l1_sparsity", 0, 1, closed_high=True)
 
 
 @register_attack("pgd")
@@ -54,24 +38,27 @@ class PGD(GradientAscent):
         chooses per backend.
     """
 
-    eps: float = 8 / 255
+    traceable = ("eps", "step_size")
+
+    eps: float | jax.Array = 8 / 255
     norm: str = "linf"
     steps: int = 10
-    step_size: float | None = None
+    step_size: float | jax.Array | None = None
     random_start: bool = True
     early_stop: bool = True
     l1_sparsity: float = 0.05
     unroll: int | bool | None = None
 
     def __post_init__(self):
-        check_iterative(self)
+        self.check_fields()
 
     @property
-    def alpha(self) -> float:
+    def alpha(self) -> float | jax.Array:
         return 2.5 * self.eps / self.steps if self.step_size is None else self.step_size
 
     def initial_carry(self, x):
         return ()
 
     def update(self, x, step, x_adv, grad, carry):
-        return threat.ascent_step(x, x_adv, grad, self.alpha, self.eps, self.norm, threat.l1_count(self.l1_sparsity, x)), carry
+        l1_k = threat.l1_count(self.l1_sparsity, x) if self.norm == "l1" else None
+        return threat.ascent_step(x, x_adv, grad, self.alpha, self.eps, self.norm, l1_k), carry

@@ -28,9 +28,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from robustjax.attacks import threat
 from robustjax.attacks.base import register_attack
 from robustjax.attacks.decision import DecisionAttack, per_example, query_one, select
 from robustjax.checks import check_nonnegative_float, check_positive_float
+from robustjax.sharding import varying_like
 
 _CHECK, _BISECT = 0, 1
 
@@ -88,7 +90,7 @@ class RayS(DecisionAttack):
 
     def search(self, classifier, x, y, target, key, active, queries, limit):
         del key, target  # deterministic, untargeted
-        b, dim = x.shape[0], x[0].size
+        b, dim = x.shape[0], threat.example_size(x)
         tolerance = self.tolerance / math.sqrt(dim)
         top_level = math.ceil(math.log2(dim))  # blocks of one coordinate from here on
         eps = -1.0 if self.eps is None else self.eps
@@ -147,5 +149,5 @@ class RayS(DecisionAttack):
             stopped=jnp.zeros(b, bool),
             queries=queries,
         )
-        final = jax.lax.while_loop(running, step, init)
+        final = jax.lax.while_loop(running, step, varying_like(init, x))
         return final.best, jnp.isfinite(final.radius), final.queries

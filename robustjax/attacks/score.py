@@ -24,10 +24,11 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from robustjax.attacks.base import Attack
-from robustjax.attacks.compaction import Segmented
+from robustjax.attacks.compaction import Segmented, traced
 from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.losses import attack_margin
+from robustjax.sharding import varying_like
 
 # Rows of the classifier's output looked at to tell probabilities from logits.
 _PROBE_ROWS = 2
@@ -53,10 +54,9 @@ def warn_if_probabilities(
     Evaluates the classifier on the host on the first images of ``x`` (a validation
     step, not an attack query: it is not counted). Skipped inside a trace.
     """
-    leaves = jax.tree.leaves((classifier, x))
-    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+    if traced(classifier, x):
         return
-    outputs = np.asarray(_outputs(classifier, jnp.asarray(x[:_PROBE_ROWS])))
+    outputs = np.asarray(_outputs(classifier, jnp.asarray(np.asarray(x)[:_PROBE_ROWS])))
     if looks_like_probabilities(outputs):
         warnings.warn(
             f"classifier {classifier.name!r} seems to return probabilities (rows are non-negative "
@@ -150,7 +150,7 @@ def query(
     images = jnp.where(per_example(needed, points), points, PLACEHOLDER).reshape((-1,) + points.shape[-3:])
 
     def skip(batch):
-        return jnp.zeros((batch.shape[0], classifier.num_classes), batch.dtype)
+        return varying_like(jnp.zeros((batch.shape[0], classifier.num_classes), batch.dtype), batch)
 
     logits = jax.lax.cond(needed.any(), lambda batch: classifier(batch), skip, images)
     return logits.reshape(points.shape[:-3] + (classifier.num_classes,))

@@ -45,6 +45,7 @@ from robustjax.attacks.decision import (
     select,
 )
 from robustjax.checks import check_positive_float, check_positive_int
+from robustjax.sharding import varying_like
 
 _GROW, _SHRINK, _FINISHED = 0, 1, 2
 _TRIES = 15  # ART's line-search tries in each direction
@@ -165,7 +166,7 @@ class SignOPT(DecisionAttack):
                            bisecting=jnp.zeros(b, bool), lo=zeros, hi=zeros, alpha=alpha, theta=theta, g=g,
                            point=point, x_hi=point,
                            improved=jnp.zeros(b, bool), queries=queries)
-        return jax.lax.while_loop(running, step, init)
+        return jax.lax.while_loop(running, step, varying_like(init, x))
 
     def search(self, classifier, x, y, target, key, active, queries, limit):
         start_key, loop_key = jax.random.split(key)
@@ -188,5 +189,5 @@ class SignOPT(DecisionAttack):
             return t + 1, s.theta, s.g, s.point, alpha, s.queries
 
         init = (jnp.zeros((), jnp.int32), theta, g, start, jnp.full(x.shape[0], self.alpha, x.dtype), queries)
-        _, _, _, point, _, queries = jax.lax.while_loop(running, iterate, init)
+        _, _, _, point, _, queries = jax.lax.while_loop(running, iterate, varying_like(init, x))
         return point, found, queries

@@ -31,7 +31,13 @@ from jaxtyping import Array, Float, Key
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import AttackResult, finalize, register_attack
-from robustjax.attacks.score import EstimatedGradientAttack, antithetic_gradient, per_candidate, query, select
+from robustjax.attacks.score import (
+    EstimatedGradientAttack,
+    antithetic_gradient,
+    per_candidate,
+    query,
+    select,
+)
 from robustjax.checks import check_nonnegative_float, check_positive_float, check_positive_int
 from robustjax.losses import attack_margin
 

@@ -139,7 +139,7 @@ def other_signs(key: jax.Array, signs: Float[Array, "b 1 1 c"]) -> Float[Array, 
 
 def square_window(
     key: jax.Array, shape: tuple[int, ...], side,
-) -> tuple[Bool[Array, "b h w 1"], Int[Array, "b h w 1"], Int[Array, "b h w 1"]]:
+) -> tuple[Bool[Array, "b h w 1"], Int[Array, "b h 1 1"], Int[Array, "b 1 w 1"]]:
     """A square window of ``side`` at a uniform position per example, inside the image.
 
     Returns the mask and the local row and column of every pixel (outside the window,

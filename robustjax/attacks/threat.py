@@ -7,6 +7,8 @@ l1 threat set (the l1 ball intersected with the box) lives in :mod:`robustjax.at
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -32,7 +34,7 @@ def per_example_norm(delta: Float[Array, "b ..."], norm: str) -> Float[Array, " 
     raise ValueError(f"unknown norm {norm!r}")
 
 
-def project(delta: Float[Array, "b ..."], eps: float, norm: str) -> Float[Array, "b ..."]:
+def project(delta: Float[Array, "b ..."], eps: float | Float[Array, ""], norm: str) -> Float[Array, "b ..."]:
     """Euclidean projection of each example's perturbation onto the eps-ball of ``norm``."""
     if norm == "linf":
         return jax.vmap(optax.projections.projection_linf_ball, in_axes=(0, None))(delta, eps)
@@ -77,9 +79,14 @@ def ascent_step(
     return into_threat_set(x, x_adv + step_size * direction, eps, norm)
 
 
+def example_size(x: Float[Array, "b ..."]) -> int:
+    """The number of coordinates of one example (read from the shape, never the data)."""
+    return math.prod(x.shape[1:])
+
+
 def l1_count(fraction: float, x: Float[Array, "b ..."]) -> int:
     """How many coordinates an l1 step moving ``fraction`` of them changes (at least 1)."""
-    return max(1, round(fraction * x[0].size))
+    return max(1, round(fraction * example_size(x)))
 
 
 def point_at_distance(key: jax.Array, x: Float[Array, "b ..."], radius, norm: str) -> Float[Array, "b ..."]:
@@ -93,7 +100,7 @@ def point_at_distance(key: jax.Array, x: Float[Array, "b ..."], radius, norm: st
     return jnp.clip(x + noise * scale.reshape((-1,) + (1,) * (x.ndim - 1)), 0.0, 1.0)
 
 
-def random_start(key: jax.Array, x: Float[Array, "b ..."], eps: float, norm: str) -> Float[Array, "b ..."]:
+def random_start(key: jax.Array, x: Float[Array, "b ..."], eps: float | Float[Array, ""], norm: str) -> Float[Array, "b ..."]:
     """A random point of each threat set around ``x``, inside [0, 1].
 
     linf: uniform in the ball. l2: radius ``eps * U^(1/d)`` along a Gaussian direction,
@@ -107,7 +114,7 @@ def random_start(key: jax.Array, x: Float[Array, "b ..."], eps: float, norm: str
     elif norm == "l2":
         direction_key, radius_key = jax.random.split(key)
         direction = ascent_direction(jax.random.normal(direction_key, x.shape, x.dtype), "l2")
-        dim = x[0].size
+        dim = example_size(x)
         radius = eps * jax.random.uniform(radius_key, (x.shape[0],), x.dtype) ** (1.0 / dim)
         delta = direction * radius.reshape((-1,) + (1,) * (x.ndim - 1))
     else:

@@ -130,13 +130,21 @@ class ItemRunner:
         check_population_plan(plan)
         self.dataset, self.plan = dataset, plan
         self.parallel = parallel or DataParallel(plan.batch_size)
-        self.batches = list(self.parallel.batches(dataset, plan.num_examples))
-        self.seed_key = jax.random.key(plan.seed)
+        with jax.set_mesh(self.parallel.mesh):
+            self.batches = list(self.parallel.batches(dataset, plan.num_examples))
+            self.seed_key = jax.random.key(plan.seed)
         self._variant_batches: dict[tuple, list] = {}
         self._fits: set[tuple] = set()
 
     def run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
-        """(networks, figures, examples) bool: correct under ``item``, per network."""
+        """(networks, figures, examples) bool: correct under ``item``, per network.
+
+        Runs under the runner's own mesh, whatever mesh the caller has set.
+        """
+        with jax.set_mesh(self.parallel.mesh):
+            return self._run(item, classifier, axes)
+
+    def _run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
         classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
         self.check_fits(item, classifier, axes)
         if item.kind == "attack":

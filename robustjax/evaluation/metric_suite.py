@@ -43,54 +43,57 @@ _ADEQUACY = "of the adversarial examples (test adequacy)"
 
 @dataclasses.dataclass(frozen=True)
 class MetricInfo:
-    """A report entry's identity: ``index`` is the metric's number among the paper's 23."""
+    """A report entry's identity: ``index`` is the metric's number among the paper's 23;
+    ``source`` names the accumulator of the streamed state it comes from (None for mCE)
+    and ``key`` its name among that accumulator's results (and in ``metrics.DIRECTIONS``)."""
 
     name: str
     group: str
     index: int | None
-    direction: str
+    source: str | None
+    key: str
     description: str
 
-
-def _direction(name: str) -> str:
-    for table in (behaviour.DIRECTIONS, imperceptibility.DIRECTIONS):
-        if name in table:
-            return table[name]
-    return "higher" if structure.HIGHER_IS_BETTER[name] else "lower"
+    @property
+    def direction(self) -> str:
+        return metrics.DIRECTIONS[self.key]
 
 
 CATALOGUE = (
-    MetricInfo("KMNC", COVERAGE, 1, "higher", f"k-multisection neuron coverage {_ADEQUACY}"),
-    MetricInfo("NBC", COVERAGE, 2, "higher", f"neuron boundary coverage {_ADEQUACY}"),
-    MetricInfo("SNAC", COVERAGE, 3, "higher", f"strong neuron activation coverage {_ADEQUACY}"),
-    MetricInfo("TKNC", COVERAGE, 4, "higher", f"top-k neuron coverage {_ADEQUACY}"),
-    MetricInfo("TKNP", COVERAGE, 5, "higher", f"distinct top-k neuron patterns {_ADEQUACY}"),
-    MetricInfo("ALD_0", IMPERCEPTIBILITY, 6, _direction("ALD"), "average L0 distortion of successful examples"),
-    MetricInfo("ALD_2", IMPERCEPTIBILITY, 6, _direction("ALD"), "average relative L2 distortion"),
-    MetricInfo("ALD_inf", IMPERCEPTIBILITY, 6, _direction("ALD"), "average relative Linf distortion"),
-    MetricInfo("ASS", IMPERCEPTIBILITY, 7, _direction("ASS"), "average structural similarity (SSIM)"),
-    MetricInfo("PSD", IMPERCEPTIBILITY, 8, _direction("PSD"), "perturbation sensitivity distance"),
-    MetricInfo("CA", BEHAVIOUR, 9, _direction("CA"), "clean accuracy"),
-    MetricInfo("AAW", BEHAVIOUR, 10, _direction("AAW"), "accuracy under the white-box attack"),
-    MetricInfo("AAB", BEHAVIOUR, 11, _direction("AAB"), "accuracy under examples transferred from the reference"),
-    MetricInfo("ACAC", BEHAVIOUR, 12, _direction("ACAC"), "average confidence of the adversarial class"),
-    MetricInfo("ACTC", BEHAVIOUR, 13, _direction("ACTC"), "average confidence of the true class"),
-    MetricInfo("NTE", BEHAVIOUR, 14, _direction("NTE"), "noise tolerance estimation (top-1 minus top-2 probability)"),
-    MetricInfo("RGB", BEHAVIOUR, 15, _direction("RGB"), "share of adversarial examples surviving a Gaussian blur"),
-    MetricInfo("RIC", BEHAVIOUR, 16, _direction("RIC"), "share of adversarial examples surviving JPEG compression"),
-    MetricInfo("mCE", BEHAVIOUR, 17, "lower", "mean corruption error, normalised by the baseline"),
-    MetricInfo("relative_mCE", BEHAVIOUR, 18, "lower", "relative mean corruption error (degradation from clean)"),
-    MetricInfo("EBD", STRUCTURE, 19, _direction("ebd"), "empirical boundary distance along random directions"),
-    MetricInfo("EBD-2", STRUCTURE, 20, _direction("ebd2"), "sign-gradient steps to the decision boundary"),
-    MetricInfo("ENI", STRUCTURE, 21, _direction("eni"), "empirical noise insensitivity (loss change per Linf)"),
-    MetricInfo("NS", STRUCTURE, 22, _direction("neuron_sensitivity"), "neuron sensitivity, mean over neurons"),
-    MetricInfo("NU", STRUCTURE, 23, _direction("neuron_uncertainty"), "neuron uncertainty (variance), mean over neurons"),
-    MetricInfo("ASR", ADDITIONAL, None, _direction("ASR"), "attack success rate over all examples"),
-    MetricInfo("CAV", ADDITIONAL, None, _direction("CAV"), "clean accuracy of the model minus the reference's"),
-    MetricInfo("CRR", ADDITIONAL, None, _direction("CRR"), "share the reference gets wrong and the model right"),
-    MetricInfo("CSR", ADDITIONAL, None, _direction("CSR"), "share the reference gets right and the model wrong"),
-    MetricInfo("CCV", ADDITIONAL, None, _direction("CCV"), "true-class confidence change against the reference"),
-    MetricInfo("COS", ADDITIONAL, None, _direction("COS"), "Jensen-Shannon divergence from the reference's output"),
+    MetricInfo("KMNC", COVERAGE, 1, "KMNC", "kmnc", f"k-multisection neuron coverage {_ADEQUACY}"),
+    MetricInfo("NBC", COVERAGE, 2, "NBC", "nbc", f"neuron boundary coverage {_ADEQUACY}"),
+    MetricInfo("SNAC", COVERAGE, 3, "NBC", "snac", f"strong neuron activation coverage {_ADEQUACY}"),
+    MetricInfo("TKNC", COVERAGE, 4, "TKNC", "tknc", f"top-k neuron coverage {_ADEQUACY}"),
+    MetricInfo("TKNP", COVERAGE, 5, "TKNP", "tknp", f"distinct top-k neuron patterns {_ADEQUACY}"),
+    MetricInfo("ALD_0", IMPERCEPTIBILITY, 6, "ALD", "ald_0", "average L0 distortion of successful examples"),
+    MetricInfo("ALD_2", IMPERCEPTIBILITY, 6, "ALD", "ald_2", "average relative L2 distortion"),
+    MetricInfo("ALD_inf", IMPERCEPTIBILITY, 6, "ALD", "ald_inf", "average relative Linf distortion"),
+    MetricInfo("ASS", IMPERCEPTIBILITY, 7, "ASS", "ass", "average structural similarity (SSIM)"),
+    MetricInfo("PSD", IMPERCEPTIBILITY, 8, "PSD", "psd", "perturbation sensitivity distance"),
+    MetricInfo("CA", BEHAVIOUR, 9, "CA", "accuracy", "clean accuracy"),
+    MetricInfo("AAW", BEHAVIOUR, 10, "AAW", "accuracy", "accuracy under the white-box attack"),
+    MetricInfo("AAB", BEHAVIOUR, 11, "AAB", "accuracy", "accuracy under examples transferred from the reference"),
+    MetricInfo("ACAC", BEHAVIOUR, 12, "ACAC", "acac", "average confidence of the adversarial class"),
+    MetricInfo("ACTC", BEHAVIOUR, 13, "ACTC", "actc", "average confidence of the true class"),
+    MetricInfo("NTE", BEHAVIOUR, 14, "NTE", "nte", "noise tolerance estimation (top-1 minus top-2 probability)"),
+    MetricInfo("RGB", BEHAVIOUR, 15, "RGB", "transform_survival",
+               "share of adversarial examples surviving a Gaussian blur"),
+    MetricInfo("RIC", BEHAVIOUR, 16, "RIC", "transform_survival",
+               "share of adversarial examples surviving JPEG compression"),
+    MetricInfo("mCE", BEHAVIOUR, 17, None, "corruption_error", "mean corruption error, normalised by the baseline"),
+    MetricInfo("relative_mCE", BEHAVIOUR, 18, None, "relative_corruption_error",
+               "relative mean corruption error (degradation from clean)"),
+    MetricInfo("EBD", STRUCTURE, 19, "EBD", "ebd", "empirical boundary distance along random directions"),
+    MetricInfo("EBD-2", STRUCTURE, 20, "EBD-2", "ebd2", "sign-gradient steps to the decision boundary"),
+    MetricInfo("ENI", STRUCTURE, 21, "ENI", "eni", "empirical noise insensitivity (loss change per Linf)"),
+    MetricInfo("NS", STRUCTURE, 22, "NS", "neuron_sensitivity", "neuron sensitivity, mean over neurons"),
+    MetricInfo("NU", STRUCTURE, 23, "NU", "neuron_uncertainty", "neuron uncertainty (variance), mean over neurons"),
+    MetricInfo("ASR", ADDITIONAL, None, "ASR", "asr", "attack success rate over all examples"),
+    MetricInfo("CAV", ADDITIONAL, None, "CAV", "cav", "clean accuracy of the model minus the reference's"),
+    MetricInfo("CRR", ADDITIONAL, None, "CRR", "crr", "share the reference gets wrong and the model right"),
+    MetricInfo("CSR", ADDITIONAL, None, "CSR", "csr", "share the reference gets right and the model wrong"),
+    MetricInfo("CCV", ADDITIONAL, None, "CCV", "ccv", "true-class confidence change against the reference"),
+    MetricInfo("COS", ADDITIONAL, None, "COS", "cos", "Jensen-Shannon divergence from the reference's output"),
 )
 _NEEDS_REFERENCE = {"AAB", "CAV", "CRR", "CSR", "CCV", "COS"}
 _BOUNDED = {"KMNC", "NBC", "SNAC"}
@@ -101,7 +104,8 @@ _STREAM, _CORRUPTION_STREAM = 23, 24
 
 @dataclasses.dataclass(frozen=True)
 class _Static:
-    """The settings the jitted update is specialised on."""
+    """The settings the jitted update is specialised on (the accumulators' own settings
+    are static parts of the state)."""
 
     layers: tuple[str, ...]
     conv_neuron: str
@@ -116,19 +120,23 @@ def _profile(layers: tuple[str, ...], conv_neuron: str, bounds: coverage.NeuronB
     return bounds.update(coverage.neuron_values(classifier.features(x), layers, conv_neuron=conv_neuron))
 
 
-def _empty_state(run: MetricsRun, static: _Static, widths: dict[str, int], bounds: coverage.NeuronBounds | None) -> dict:
+def _empty_state(run: MetricsRun, static: _Static, widths: dict[str, int], bounds: coverage.NeuronBounds | None,
+                 ssim_window: int) -> dict:
+    compat = {"toolkit_compat": run.toolkit_compat}
     state = {
         "CA": behaviour.Accuracy.empty(), "AAW": behaviour.Accuracy.empty(), "AAB": behaviour.Accuracy.empty(),
         "ASR": behaviour.AttackSuccessRate.empty(), "ACAC": behaviour.AdversarialClassConfidence.empty(),
         "ACTC": behaviour.TrueClassConfidence.empty(), "NTE": behaviour.NoiseToleranceEstimation.empty(),
-        "RGB": behaviour.TransformSurvival.empty(), "RIC": behaviour.TransformSurvival.empty(),
-        "ALD": imperceptibility.AverageLpDistortion.empty(), "ASS": imperceptibility.AverageStructuralSimilarity.empty(),
-        "PSD": imperceptibility.PerturbationSensitivityDistance.empty(),
+        "RGB": behaviour.TransformSurvival.empty(**compat), "RIC": behaviour.TransformSurvival.empty(**compat),
+        "ALD": imperceptibility.AverageLpDistortion.empty(**compat),
+        "ASS": imperceptibility.AverageStructuralSimilarity.empty(window=ssim_window, **compat),
+        "PSD": imperceptibility.PerturbationSensitivityDistance.empty(**compat),
         "TKNC": coverage.TopKCoverage.empty(widths, run.tknc_k),
         "TKNP": coverage.TopKPatterns.empty(widths, run.tknp_k, run.tknp_capacity),
-        "EBD": structure.MeanStats.empty(), "EBD-2": structure.BoundaryStepStats.empty(),
-        "ENI": structure.NoiseInsensitivityStats.empty(),
-        "NS": structure.NeuronSensitivityStats.empty(widths), "NU": structure.NeuronUncertaintyStats.empty(widths),
+        "EBD": structure.BoundaryDistanceStats.empty(), "EBD-2": structure.BoundaryStepStats.empty(),
+        "ENI": structure.NoiseInsensitivityStats.empty(**compat),
+        "NS": structure.NeuronSensitivityStats.empty(widths, conv_neuron=run.conv_neuron),
+        "NU": structure.NeuronUncertaintyStats.empty(widths),
     }
     if static.has_bounds:
         state["KMNC"] = coverage.KMultisectionCoverage.empty(bounds, run.kmnc_sections)
@@ -136,38 +144,34 @@ def _empty_state(run: MetricsRun, static: _Static, widths: dict[str, int], bound
     if static.has_reference:
         state.update(reference_accuracy=behaviour.Accuracy.empty(), CAV=behaviour.AccuracyVariation.empty(),
                      CRR=behaviour.RectifyRatio.empty(), CSR=behaviour.SacrificeRatio.empty(),
-                     CCV=behaviour.ConfidenceVariance.empty(), COS=behaviour.OutputStability.empty())
+                     CCV=behaviour.ConfidenceVariance.empty(**compat), COS=behaviour.OutputStability.empty(**compat))
     return state
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _update(static: _Static, ssim_window: int, toolkit_compat: bool, state: dict,
-            classifier: Classifier, reference: Classifier | None, x, y, x_adv, x_transfer, distances, steps, capped):
+@functools.partial(jax.jit, static_argnums=0)
+def _update(static: _Static, state: dict, classifier: Classifier, reference: Classifier | None,
+            x, y, x_adv, x_transfer, distances, steps, capped):
     """Folds one batch of real examples into every accumulator."""
     logits, logits_adv = classifier(x), classifier(x_adv)
     features, features_adv = classifier.features(x), classifier.features(x_adv)
     values_adv = coverage.neuron_values(features_adv, static.layers, conv_neuron=static.conv_neuron)
     blurred = classifier(behaviour.blur_for_rgb(x_adv, static.rgb_sigma))
     compressed = classifier(behaviour.compress_for_ric(x_adv, static.ric_quality))
-    compat = {"toolkit_compat": toolkit_compat}
     new = dict(state)
     new.update(
         CA=state["CA"].update(logits, y), AAW=state["AAW"].update(logits_adv, y),
         ASR=state["ASR"].update(logits_adv, y), ACAC=state["ACAC"].update(logits_adv, y),
         ACTC=state["ACTC"].update(logits_adv, y), NTE=state["NTE"].update(logits_adv, y),
-        RGB=state["RGB"].update(logits_adv, blurred, y, **compat),
-        RIC=state["RIC"].update(logits_adv, compressed, y, **compat),
+        RGB=state["RGB"].update(logits_adv, blurred, y), RIC=state["RIC"].update(logits_adv, compressed, y),
     )
     success = behaviour.attack_success(logits_adv, y)
     new.update(
-        ALD=state["ALD"].update(x, x_adv, success, **compat),
-        ASS=state["ASS"].update(x, x_adv, success, window=ssim_window, **compat),
-        PSD=state["PSD"].update(x, x_adv, success, **compat),
+        ALD=state["ALD"].update(x, x_adv, success), ASS=state["ASS"].update(x, x_adv, success),
+        PSD=state["PSD"].update(x, x_adv, success),
         TKNC=state["TKNC"].update(values_adv), TKNP=state["TKNP"].update(values_adv),
         EBD=state["EBD"].update(distances), **{"EBD-2": state["EBD-2"].update(steps, capped)},
         ENI=state["ENI"].update(x, x_adv, logits, logits_adv, y),
-        NS=state["NS"].update({n: features[n] for n in static.layers}, {n: features_adv[n] for n in static.layers},
-                              conv_neuron=static.conv_neuron),
+        NS=state["NS"].update({n: features[n] for n in static.layers}, {n: features_adv[n] for n in static.layers}),
         NU=state["NU"].update(values_adv),
     )
     if static.has_bounds:
@@ -178,9 +182,8 @@ def _update(static: _Static, ssim_window: int, toolkit_compat: bool, state: dict
             AAB=state["AAB"].update(classifier(x_transfer), y),
             reference_accuracy=state["reference_accuracy"].update(reference_logits, y),
             CAV=state["CAV"].update(logits, reference_logits, y), CRR=state["CRR"].update(logits, reference_logits, y),
-            CSR=state["CSR"].update(logits, reference_logits, y),
-            CCV=state["CCV"].update(logits, reference_logits, y, **compat),
-            COS=state["COS"].update(logits, reference_logits, y, **compat),
+            CSR=state["CSR"].update(logits, reference_logits, y), CCV=state["CCV"].update(logits, reference_logits, y),
+            COS=state["COS"].update(logits, reference_logits, y),
         )
     return new
 
@@ -294,24 +297,12 @@ def _settings(run: MetricsRun, layers: dict[str, int], profile: ImageDataset | N
 def _values(run: MetricsRun, state: dict, errors: dict[str, np.ndarray] | None) -> dict[str, Callable[[], float]]:
     """How each metric's value comes from the accumulators; each raises ValueError with
     the reason when the metric is undefined on the data."""
-    compat = {"toolkit_compat": run.toolkit_compat}
-    ald = lambda p: lambda: getattr(state["ALD"].compute(), p)  # noqa: E731
-    per_neuron = lambda name: lambda: structure.mean_over_neurons(state[name].compute())  # noqa: E731
-    values = {
-        "KMNC": lambda: state["KMNC"].compute(), "NBC": lambda: state["NBC"].compute()["nbc"],
-        "SNAC": lambda: state["NBC"].compute()["snac"], "TKNC": lambda: state["TKNC"].compute(),
-        "TKNP": lambda: state["TKNP"].compute(),
-        "ALD_0": ald("l0"), "ALD_2": ald("l2"), "ALD_inf": ald("linf"),
-        "ASS": lambda: state["ASS"].compute(), "PSD": lambda: state["PSD"].compute(),
-        "EBD": lambda: state["EBD"].compute(), "EBD-2": lambda: state["EBD-2"].compute()["ebd2"],
-        "ENI": lambda: state["ENI"].compute(**compat), "NS": per_neuron("NS"), "NU": per_neuron("NU"),
-    }
-    values.update({name: state[name].compute for name in (
-        "CA", "AAW", "AAB", "ASR", "ACAC", "ACTC", "NTE", "RGB", "RIC", "CAV", "CRR", "CSR", "CCV", "COS")
-        if name in state})
+    values = {info.name: (lambda info=info: state[info.source].compute()[info.key])
+              for info in CATALOGUE if info.source in state}
     if errors is not None:
-        clean_error = 1.0 - float(state["CA"].compute())
-        reference_clean = 1.0 - float(state["reference_accuracy"].compute()) if "reference_accuracy" in state else None
+        clean_error = 1.0 - float(state["CA"].compute()["accuracy"])
+        reference_clean = (1.0 - float(state["reference_accuracy"].compute()["accuracy"])
+                           if "reference_accuracy" in state else None)
         baseline, baseline_clean = _baseline(run, errors, reference_clean)
         values["mCE"] = lambda: _mean_ce(run, errors["model"], baseline)
         values["relative_mCE"] = lambda: _mean_relative_ce(run, errors["model"], clean_error, baseline, baseline_clean)
@@ -342,7 +333,7 @@ def _entries(settings: dict, values: dict[str, Callable[[], float]], problems: d
 
 
 def _stream(run: MetricsRun, static: _Static, state: dict, classifier: Classifier, reference: Classifier | None,
-            dataset: ImageDataset, plan: Plan, parallel, ebd_directions: int, ssim_window: int) -> tuple[dict, int]:
+            dataset: ImageDataset, plan: Plan, parallel, ebd_directions: int) -> tuple[dict, int]:
     """One pass over the evaluated set: attacks, boundary probes and the accumulators."""
     stream_key, ebd_key = jax.random.split(jax.random.fold_in(jax.random.key(plan.seed), _STREAM), 2)
     count = 0
@@ -352,8 +343,7 @@ def _stream(run: MetricsRun, static: _Static, state: dict, classifier: Classifie
         x_transfer = None if reference is None else run.attack(reference, x, y, key=jax.random.fold_in(batch_key, 1)).x_adv
         distances = structure.boundary_distances(classifier, x, y, key=ebd_key, num_directions=ebd_directions)
         steps, capped = structure.boundary_steps(classifier, x, y, step_size=run.ebd2_step, max_steps=run.ebd2_max_steps)
-        state = _update(static, ssim_window, run.toolkit_compat, state, classifier, reference,
-                        *_real(mask, x, y, x_adv, x_transfer, distances, steps, capped))
+        state = _update(static, state, classifier, reference, *_real(mask, x, y, x_adv, x_transfer, distances, steps, capped))
         count += int(mask.sum())
     return state, count
 
@@ -400,9 +390,10 @@ def metrics_section(
                 problems |= {name: ("failed", f"{type(error).__name__}: {error}") for name in _BOUNDED}
         static = _Static(tuple(widths), run.conv_neuron, float(run.rgb_sigma), run.ric_quality,
                          reference is not None, bounds is not None)
-        state, count = _stream(run, static, _empty_state(run, static, widths, bounds), classifier, reference,
-                               dataset, plan, parallel, ebd_directions, ssim_window)
-        settings["EBD-2"]["capped_fraction"] = float(state["EBD-2"].compute(include_capped=True)["capped_fraction"])
+        state, count = _stream(run, static, _empty_state(run, static, widths, bounds, ssim_window), classifier,
+                               reference, dataset, plan, parallel, ebd_directions)
+        with_capped = state["EBD-2"].replace(include_capped=True)  # the fraction is defined when all are capped
+        settings["EBD-2"]["capped_fraction"] = float(with_capped.compute()["capped_fraction"])
         pending = {name: ("running", "computed after the streamed metrics") for name in _CORRUPTION}
         section["results"] = _entries(settings, _values(run, state, None), pending | problems)
         on_progress(section)

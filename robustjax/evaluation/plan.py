@@ -51,7 +51,7 @@ from pathlib import Path
 
 from robustjax import attacks, noise
 from robustjax.attacks.base import Attack
-from robustjax.checks import check_choice
+from robustjax.checks import check_choice, check_positive_int
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 
 PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences", "system_noise", "metrics"}
@@ -178,8 +178,9 @@ class Plan:
     seed: int = 0
 
     def __post_init__(self):
-        _positive_int(self.batch_size, "batch_size")
-        _positive_int(self.num_examples, "num_examples", allow_none=True)
+        check_positive_int(self.batch_size, "plan: batch_size")
+        if self.num_examples is not None:
+            check_positive_int(self.num_examples, "plan: num_examples")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"plan: seed must be an integer >= 0, got {self.seed!r}")
 
@@ -196,19 +197,12 @@ class Plan:
         }
 
 
-def _positive_int(value, where: str, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"plan: {where} must be an integer >= 1, got {value!r}")
-
-
 def _attack_run(where: str, entry) -> AttackRun:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise ValueError(f"plan: {where} must be a table with a string 'name', got {entry!r}")
     params = {k: v for k, v in entry.items() if k not in ("name", "restarts")}
     restarts = entry.get("restarts", 1)
-    _positive_int(restarts, f"{where}.restarts")
+    check_positive_int(restarts, f"plan: {where}.restarts")
     grid = params.get("eps")
     if isinstance(grid, list):
         if not grid:
@@ -294,8 +288,9 @@ def _metrics_run(raw) -> MetricsRun:
 
 def _check_metrics_settings(run: MetricsRun) -> None:
     for key in ("kmnc_sections", "tknc_k", "tknp_k", "tknp_capacity", "ebd2_max_steps"):
-        _positive_int(getattr(run, key), f"metrics.{key}")
-    _positive_int(run.ebd_directions, "metrics.ebd_directions", allow_none=True)
+        check_positive_int(getattr(run, key), f"plan: metrics.{key}")
+    if run.ebd_directions is not None:
+        check_positive_int(run.ebd_directions, "plan: metrics.ebd_directions")
     for key in ("ebd2_step", "rgb_sigma"):
         value = getattr(run, key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -338,7 +333,7 @@ def _sequence_run(raw) -> SequenceRun:
             check_choice(run.preset, noise.PRESETS, "preset")
     except ValueError as error:
         raise ValueError(f"plan: sequences: {error}") from None
-    _positive_int(run.batch_size, "sequences.batch_size")
+    check_positive_int(run.batch_size, "plan: sequences.batch_size")
     return run
 
 

@@ -26,7 +26,13 @@ from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation.items import ItemRunner, check_population_plan, expand, figures
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
-from robustjax.nas.population import Population, choose_layout, exact_subnet, from_supernet, resolution_buckets
+from robustjax.nas.population import (
+    Population,
+    choose_layout,
+    exact_subnet,
+    from_supernet,
+    resolution_buckets,
+)
 from robustjax.nas.recalibrate import calibration_subset
 from robustjax.nas.supernet import Supernet
 

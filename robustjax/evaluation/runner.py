@@ -26,7 +26,14 @@ from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation import metric_suite
 from robustjax.evaluation.items import jpeg_bytes
 from robustjax.evaluation.parallel import DataParallel
-from robustjax.evaluation.plan import BASELINES, AttackRun, CorruptionRun, Plan, SequenceRun, SystemNoiseRun
+from robustjax.evaluation.plan import (
+    BASELINES,
+    AttackRun,
+    CorruptionRun,
+    Plan,
+    SequenceRun,
+    SystemNoiseRun,
+)
 from robustjax.evaluation.timing import timed
 from robustjax.zoo.registry import count_params
 
@@ -93,33 +100,41 @@ def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDatase
         yield mask, {"success": result.success, "queries": result.queries, **norms}
 
 
+def _share(part, whole) -> float | None:
+    """``part / whole`` of two counts, exactly as a Python float (None when ``whole`` is 0)."""
+    return int(part) / int(whole) if int(whole) else None
+
+
 def attack_sections(
     run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
     parallel: DataParallel, clean_correct: np.ndarray,
 ) -> tuple[list[dict], list[np.ndarray]]:
     """Robust accuracy, success rate, perturbation norms, queries and timing of one plan
     entry: one section per epsilon of its sweep, and per section the host mask of the
-    examples classified correctly both clean and under the attack."""
+    examples the attack did not fool (correct under attack)."""
     columns: dict[str, list[np.ndarray]] = {}
     with timed() as timing:
         for mask, values in _attack_batches(run, classifier, dataset, plan, parallel):
             for name, value in values.items():
                 columns.setdefault(name, []).append(np.asarray(value)[:, mask])
     columns = {name: np.concatenate(parts, axis=1) for name, parts in columns.items()}
-    num_correct = int(clean_correct.sum())
+    adversarial_correct = ~columns["success"]  # (epsilons, examples)
+    # RobustART's counts: correct clean and under each epsilon's attack.
+    counts = metrics.robustart.AdversarialRobustnessStats.empty(len(run.entries())).update(
+        clean_correct, adversarial_correct)
     timing_fields = {**timing.as_dict(clean_correct.size), "grid_size": len(run.entries())}
-    sections, robust = [], []
+    sections = []
     for i, params in enumerate(run.entries()):
-        success = columns["success"][i]
-        fooled = clean_correct & success  # correctly classified examples the attack flipped
+        fooled = clean_correct & ~adversarial_correct[i]  # correctly classified examples the attack flipped
         norms = {norm: columns[norm][i][fooled] for norm in NORMS}
+        num_fooled = int(counts.clean_correct) - int(counts.robust_correct[i])
         sections.append({
             "name": run.attack.name,
             "params": params,
             "status": "ok",
-            "robust_accuracy": float((clean_correct & ~success).mean()),
-            "attack_success_rate": float(fooled.sum() / num_correct) if num_correct else None,
-            "num_adversarial": int(fooled.sum()),
+            "robust_accuracy": _share(counts.robust_correct[i], counts.count),
+            "attack_success_rate": _share(num_fooled, counts.clean_correct),  # 1 - RobustART's AR
+            "num_adversarial": num_fooled,
             "perturbation": {
                 "linf_mean": _mean_or_none(norms["linf"]),
                 "l2_mean": _mean_or_none(norms["l2"]),
@@ -131,28 +146,29 @@ def attack_sections(
             "queries_median": float(np.median(columns["queries"][i])),
             "timing": timing_fields,
         })
-        robust.append(clean_correct & ~success)
-    return sections, robust
+    return sections, list(adversarial_correct)
 
 
 def worst_case_section(attacks: list[tuple[dict, np.ndarray]], clean_correct: np.ndarray) -> list[dict]:
     """Per threat model (norm and epsilon) that two or more finished attacks share: the
     worst case over them, per example (an example counts as robust only if every attack
     failed on it). ``robust_accuracy`` is over all examples; ``wcar`` is RobustART's WCAR,
-    over the clean-correct ones."""
+    over the clean-correct ones. ``attacks`` pairs each section with its examples' host
+    mask of correctness under the attack."""
     budgets: dict[tuple[str, float], list[tuple[dict, np.ndarray]]] = {}
-    for section, robust in attacks:
+    for section, adversarial_correct in attacks:
         if "eps" in section["params"]:
             budgets.setdefault((section["params"].get("norm", "linf"), section["params"]["eps"]), []).append(
-                (section, robust))
+                (section, adversarial_correct))
     entries = []
     for (norm, eps), members in budgets.items():
         if len(members) < 2:
             continue
-        robust = np.logical_and.reduce([mask for _, mask in members])
+        counts = metrics.robustart.AdversarialRobustnessStats.empty(len(members)).update(
+            clean_correct, np.stack([mask for _, mask in members]))
         entries.append({"norm": norm, "eps": eps, "attacks": [section["name"] for section, _ in members],
-                        "robust_accuracy": float(robust.mean()),
-                        "wcar": float(robust.sum() / clean_correct.sum()) if clean_correct.any() else None})
+                        "robust_accuracy": _share(counts.worst_case_correct, counts.count),
+                        "wcar": _share(counts.worst_case_correct, counts.clean_correct)})
     return entries
 
 
@@ -336,15 +352,16 @@ def evaluate(
     }
     report["clean"], clean_correct = clean_section(classifier, dataset, plan, parallel)
     on_update(report)
-    finished = []  # (section, robust mask) of every attack that ran
+    finished = []  # (section, mask of the examples correct under the attack) of every attack that ran
     for run in plan.runs:
         try:
-            sections, robust = attack_sections(run, classifier, dataset, plan, parallel, clean_correct)
+            sections, adversarial_correct = attack_sections(run, classifier, dataset, plan, parallel, clean_correct)
         except Exception as error:  # recorded in the report; the rest of the plan still runs
-            sections, robust = [{"name": run.attack.name, "params": params, "status": "failed",
-                                 "error": f"{type(error).__name__}: {error}"} for params in run.entries()], []
+            sections, adversarial_correct = [{"name": run.attack.name, "params": params, "status": "failed",
+                                              "error": f"{type(error).__name__}: {error}"}
+                                             for params in run.entries()], []
         report["attacks"].extend(sections)
-        finished.extend(zip(sections, robust))
+        finished.extend(zip(sections, adversarial_correct))
         on_update(report)
     report["worst_case"] = worst_case_section(finished, clean_correct)
 

@@ -8,9 +8,11 @@ label, t an attack target. The success set S holds the examples with yhat(x') !=
 (untargeted) or yhat(x') = t (targeted); see :func:`attack_success`.
 
 Every dataset-level metric is a ratio of two sums, so each has a streaming accumulator
-(a :class:`Ratio` pytree: ``empty / update / merge / compute``) whose result equals the
-one-shot function's. ``DIRECTIONS`` says, for each metric, whether a higher or a lower value
-means the evaluated model (or defence) is more robust.
+(a :class:`~robustjax.metrics.accumulator.Ratio`, see :mod:`robustjax.metrics.accumulator`
+for the protocol) whose result equals the one-shot function's. Its ``compute()`` names the
+metric in lower case (``"asr"``, ``"acac"``, ...; ``"accuracy"`` for CA, AAW and AAB,
+``"transform_survival"`` for RGB and RIC); ``robustjax.metrics.DIRECTIONS`` says whether
+a higher or a lower value means the evaluated model (or defence) is more robust.
 
 Where DIG-Beihang/AISafety computes something else, the docstring says so; the toolkit's
 bugs (error rate called accuracy, target-class ACTC, defence logits from the wrong model)
@@ -20,81 +22,22 @@ are not reproduced.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
 from robustjax import checks
+from robustjax.metrics.accumulator import Ratio, batch_count, setting
 from robustjax.noise.blur import gaussian_filter
 from robustjax.noise.jpeg import jpeg_round_trip
-
-# Which value means a more robust model (for CAV, CRR, CSR, CCV, COS: a better defence).
-DIRECTIONS: dict[str, str] = {
-    "CA": "higher",
-    "AAW": "higher",
-    "AAB": "higher",
-    "ASR": "lower",
-    "ACAC": "lower",
-    "ACTC": "higher",
-    "NTE": "lower",
-    "RGB": "lower",
-    "RIC": "lower",
-    "CAV": "higher",
-    "CRR": "higher",
-    "CSR": "lower",
-    "CCV": "lower",
-    "COS": "lower",
-}
 
 # Gaussian blur standard deviation (pixels) and JPEG quality of RGB / RIC. AISafety blurs
 # with PIL radius 2 and compresses at quality 55; DEEPSEC uses radius 0.5 and Guetzli 90.
 RGB_SIGMA = 2.0
 RIC_QUALITY = 55
-
-
-# ----------------------------------------------------------------------------- streaming
-
-
-class Ratio(NamedTuple):
-    """A dataset-level metric as ``numerator / denominator``, both sums over examples.
-
-    ``Metric.empty().update(...).merge(other).compute()``; the leaves are plain sums, so
-    accumulators of different batches or devices also combine with ``psum``. Counts are
-    float32 sums, exact up to 2**24 examples.
-    """
-
-    numerator: jax.Array
-    denominator: jax.Array
-
-    @classmethod
-    def empty(cls) -> Ratio:
-        return cls(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-
-    def merge(self, other: Ratio) -> Ratio:
-        if type(other) is not type(self):
-            raise TypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
-        return type(self)(self.numerator + other.numerator, self.denominator + other.denominator)
-
-    def compute(self) -> jax.Array:
-        """The ratio. On concrete values an empty denominator raises ``ValueError``;
-        inside a trace it gives NaN."""
-        return divide(self.numerator, self.denominator, type(self).__name__, self.empty_reason)
-
-    def _add(self, terms: tuple[jax.Array, jax.Array]) -> Ratio:
-        numerator, denominator = terms
-        return type(self)(self.numerator + numerator, self.denominator + denominator)
-
-    empty_reason = "no examples were seen"
-
-
-def divide(numerator: jax.Array, denominator: jax.Array, metric: str, reason: str) -> jax.Array:
-    """``numerator / denominator``, refusing (on the host) an empty denominator."""
-    if not isinstance(denominator, jax.core.Tracer) and not np.all(np.asarray(denominator) > 0):
-        raise ValueError(f"{metric} is undefined: {reason}")
-    return numerator / denominator
 
 
 # ----------------------------------------------------------------------------- validation
@@ -111,7 +54,7 @@ def _check_logits(logits, name: str, batch_size: int | None = None, num_classes:
         raise ValueError(f"{name} has {logits.shape[0]} examples, expected {batch_size}")
     if num_classes is not None and logits.shape[1] != num_classes:
         raise ValueError(f"{name} has {logits.shape[1]} classes, expected {num_classes}")
-    values = checks._concrete(logits)
+    values = checks.concrete_values(logits)
     if values is not None and not np.isfinite(values).all():
         raise ValueError(f"{name} contains NaN or infinite values")
 
@@ -127,7 +70,7 @@ def check_logits_and_labels(labels, target=None, **logits) -> None:
     checks.check_labels(labels, num_classes=num_classes, batch_size=batch_size, name="labels")
     if target is not None:
         checks.check_labels(target, num_classes=num_classes, batch_size=batch_size, name="target")
-        labels_np, target_np = checks._concrete(labels), checks._concrete(target)
+        labels_np, target_np = checks.concrete_values(labels), checks.concrete_values(target)
         if labels_np is not None and target_np is not None and (same := np.flatnonzero(labels_np == target_np)).size:
             raise ValueError(f"target equals the true label for {same.size} example(s), first at index {same[0]}")
 
@@ -143,13 +86,17 @@ def attack_success(
     return predictions != labels if target is None else predictions == target
 
 
+def _confidence(logits: jax.Array) -> jax.Array:
+    """Softmax probabilities, in float32."""
+    return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+
 def _probability_of(logits: jax.Array, classes: jax.Array) -> jax.Array:
-    probabilities = jax.nn.softmax(logits, axis=-1)
-    return jnp.take_along_axis(probabilities, classes[:, None], axis=-1)[:, 0]
+    return jnp.take_along_axis(_confidence(logits), classes[:, None], axis=-1)[:, 0]
 
 
 def _correct(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    return (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return jnp.argmax(logits, axis=-1) == labels
 
 
 def jensen_shannon_divergence(p: Float[Array, "b k"], q: Float[Array, "b k"]) -> Float[Array, " b"]:
@@ -161,34 +108,31 @@ def jensen_shannon_divergence(p: Float[Array, "b k"], q: Float[Array, "b k"]) ->
 
 
 # ----------------------------------------------------------------------------- sums
+# Each returns (total, count) of one batch: int32 totals for counted events, float32 sums
+# of per-example values otherwise, int32 counts.
 
 
-def _count(mask: jax.Array) -> jax.Array:
-    return jnp.sum(mask.astype(jnp.float32))
-
-
-def _mean_terms(values: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return jnp.sum(values), jnp.asarray(values.shape[0], jnp.float32)
+def _counted_terms(events: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return jnp.sum(events, dtype=jnp.int32), batch_count(events)
 
 
 def _masked_terms(values: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return jnp.sum(jnp.where(mask, values, 0.0)), _count(mask)
+    return jnp.sum(jnp.where(mask, values, 0), dtype=values.dtype), jnp.sum(mask, dtype=jnp.int32)
 
 
 @jax.jit
 def _accuracy_terms(logits, labels):
-    return _mean_terms(_correct(logits, labels))
+    return _counted_terms(_correct(logits, labels))
 
 
 @jax.jit
 def _asr_terms(logits_adv, labels, target):
-    return _mean_terms(attack_success(logits_adv, labels, target).astype(jnp.float32))
+    return _counted_terms(attack_success(logits_adv, labels, target))
 
 
 @jax.jit
 def _acac_terms(logits_adv, labels, target):
-    confidence = jnp.max(jax.nn.softmax(logits_adv, axis=-1), axis=-1)
-    return _masked_terms(confidence, attack_success(logits_adv, labels, target))
+    return _masked_terms(jnp.max(_confidence(logits_adv), axis=-1), attack_success(logits_adv, labels, target))
 
 
 @jax.jit
@@ -198,7 +142,7 @@ def _actc_terms(logits_adv, labels, target):
 
 @jax.jit
 def _nte_terms(logits_adv, labels, target):
-    top2, _ = jax.lax.top_k(jax.nn.softmax(logits_adv, axis=-1), 2)
+    top2, _ = jax.lax.top_k(_confidence(logits_adv), 2)
     return _masked_terms(top2[:, 0] - top2[:, 1], attack_success(logits_adv, labels, target))
 
 
@@ -206,29 +150,30 @@ def _nte_terms(logits_adv, labels, target):
 def _survival_terms(logits_adv, logits_transformed, labels, target, toolkit_compat):
     survives = attack_success(logits_transformed, labels, target)
     if toolkit_compat:
-        return _mean_terms(survives.astype(jnp.float32))
-    return _masked_terms(survives.astype(jnp.float32), attack_success(logits_adv, labels, target))
+        return _counted_terms(survives)
+    return _masked_terms(survives.astype(jnp.int32), attack_success(logits_adv, labels, target))
 
 
 @jax.jit
 def _cav_terms(logits_defended, logits_original, labels):
-    return _mean_terms(_correct(logits_defended, labels) - _correct(logits_original, labels))
+    gained = _correct(logits_defended, labels).astype(jnp.int32) - _correct(logits_original, labels).astype(jnp.int32)
+    return jnp.sum(gained), batch_count(gained)
 
 
 @jax.jit
 def _crr_terms(logits_defended, logits_original, labels):
-    return _mean_terms(_correct(logits_defended, labels) * (1 - _correct(logits_original, labels)))
+    return _counted_terms(_correct(logits_defended, labels) & ~_correct(logits_original, labels))
 
 
 @jax.jit
 def _csr_terms(logits_defended, logits_original, labels):
-    return _mean_terms((1 - _correct(logits_defended, labels)) * _correct(logits_original, labels))
+    return _counted_terms(~_correct(logits_defended, labels) & _correct(logits_original, labels))
 
 
 def _comparison_set(logits_defended, logits_original, labels, toolkit_compat):
     """Both models right (DEEPSEC), or both wrong (AISafety's ``toolkit_compat``)."""
     defended, original = _correct(logits_defended, labels), _correct(logits_original, labels)
-    return (defended + original) == (0 if toolkit_compat else 2)
+    return ~(defended | original) if toolkit_compat else defended & original
 
 
 @functools.partial(jax.jit, static_argnames="toolkit_compat")
@@ -239,118 +184,173 @@ def _ccv_terms(logits_defended, logits_original, labels, toolkit_compat):
 
 @functools.partial(jax.jit, static_argnames="toolkit_compat")
 def _cos_terms(logits_defended, logits_original, labels, toolkit_compat):
-    divergence = jensen_shannon_divergence(
-        jax.nn.softmax(logits_defended, axis=-1), jax.nn.softmax(logits_original, axis=-1)
-    )
+    divergence = jensen_shannon_divergence(_confidence(logits_defended), _confidence(logits_original))
     return _masked_terms(divergence, _comparison_set(logits_defended, logits_original, labels, toolkit_compat))
 
 
 # ----------------------------------------------------------------------------- accumulators
+# Ratio accumulators (robustjax.metrics.accumulator): ``count`` is N, or |S| for the metrics
+# over the success set, or the size of the comparison set for CCV and COS.
 
 _NO_SUCCESS = "no successful adversarial examples (the success set S is empty)"
 _NO_SHARED = "no example is classified the same way (both right, or both wrong) by the two models"
 
 
+@struct.dataclass
 class Accuracy(Ratio):
     """Streaming top-1 accuracy: CA on clean logits, AAW on white-box adversarial logits,
     AAB on the target model's logits of examples crafted on a surrogate."""
 
+    metric = "accuracy"
+    total_dtype = jnp.int32
+
     def update(self, logits: Float[Array, "b k"], labels: Int[Array, " b"]) -> Accuracy:
         check_logits_and_labels(labels, logits=logits)
-        return self._add(_accuracy_terms(logits, labels))
+        return self.add(*_accuracy_terms(logits, labels))
 
 
+@struct.dataclass
 class AttackSuccessRate(Ratio):
     """Streaming ASR, see :func:`attack_success_rate`."""
 
+    metric = "asr"
+    total_dtype = jnp.int32
+
     def update(self, logits_adv, labels, target=None) -> AttackSuccessRate:
         check_logits_and_labels(labels, target, logits_adv=logits_adv)
-        return self._add(_asr_terms(logits_adv, labels, target))
+        return self.add(*_asr_terms(logits_adv, labels, target))
 
 
+@struct.dataclass
 class AdversarialClassConfidence(Ratio):
     """Streaming ACAC, see :func:`average_confidence_adversarial_class`."""
 
+    metric = "acac"
     empty_reason = _NO_SUCCESS
 
     def update(self, logits_adv, labels, target=None) -> AdversarialClassConfidence:
         check_logits_and_labels(labels, target, logits_adv=logits_adv)
-        return self._add(_acac_terms(logits_adv, labels, target))
+        return self.add(*_acac_terms(logits_adv, labels, target))
 
 
+@struct.dataclass
 class TrueClassConfidence(Ratio):
     """Streaming ACTC, see :func:`average_confidence_true_class`."""
 
+    metric = "actc"
     empty_reason = _NO_SUCCESS
 
     def update(self, logits_adv, labels, target=None) -> TrueClassConfidence:
         check_logits_and_labels(labels, target, logits_adv=logits_adv)
-        return self._add(_actc_terms(logits_adv, labels, target))
+        return self.add(*_actc_terms(logits_adv, labels, target))
 
 
+@struct.dataclass
 class NoiseToleranceEstimation(Ratio):
     """Streaming NTE, see :func:`noise_tolerance_estimation`."""
 
+    metric = "nte"
     empty_reason = _NO_SUCCESS
 
     def update(self, logits_adv, labels, target=None) -> NoiseToleranceEstimation:
         check_logits_and_labels(labels, target, logits_adv=logits_adv)
-        return self._add(_nte_terms(logits_adv, labels, target))
+        return self.add(*_nte_terms(logits_adv, labels, target))
 
 
+@struct.dataclass
 class TransformSurvival(Ratio):
-    """Streaming RGB or RIC (the logits of blurred or JPEG-compressed adversarial examples),
-    see :func:`robustness_to_gaussian_blur`."""
+    """Streaming RGB or RIC: ``update`` takes the logits of blurred (:func:`blur_for_rgb`) or
+    JPEG-compressed (:func:`compress_for_ric`) adversarial examples, see
+    :func:`robustness_to_gaussian_blur`. ``toolkit_compat`` is AISafety's form."""
 
+    toolkit_compat: bool = setting()
+
+    metric = "transform_survival"
+    total_dtype = jnp.int32
     empty_reason = _NO_SUCCESS
 
-    def update(self, logits_adv, logits_transformed, labels, target=None, *, toolkit_compat: bool = False):
+    @classmethod
+    def empty(cls, *, toolkit_compat: bool = False) -> TransformSurvival:
+        checks.check_bool(toolkit_compat, "toolkit_compat")
+        return super().empty(toolkit_compat=toolkit_compat)
+
+    def update(self, logits_adv, logits_transformed, labels, target=None) -> TransformSurvival:
         check_logits_and_labels(labels, target, logits_adv=logits_adv, logits_transformed=logits_transformed)
-        return self._add(_survival_terms(logits_adv, logits_transformed, labels, target, toolkit_compat))
+        return self.add(*_survival_terms(logits_adv, logits_transformed, labels, target, self.toolkit_compat))
 
 
+@struct.dataclass
 class AccuracyVariation(Ratio):
     """Streaming CAV, see :func:`classification_accuracy_variance`."""
 
+    metric = "cav"
+    total_dtype = jnp.int32
+
     def update(self, logits_defended, logits_original, labels) -> AccuracyVariation:
         check_logits_and_labels(labels, logits_defended=logits_defended, logits_original=logits_original)
-        return self._add(_cav_terms(logits_defended, logits_original, labels))
+        return self.add(*_cav_terms(logits_defended, logits_original, labels))
 
 
+@struct.dataclass
 class RectifyRatio(Ratio):
     """Streaming CRR, see :func:`classification_rectify_ratio`."""
 
+    metric = "crr"
+    total_dtype = jnp.int32
+
     def update(self, logits_defended, logits_original, labels) -> RectifyRatio:
         check_logits_and_labels(labels, logits_defended=logits_defended, logits_original=logits_original)
-        return self._add(_crr_terms(logits_defended, logits_original, labels))
+        return self.add(*_crr_terms(logits_defended, logits_original, labels))
 
 
+@struct.dataclass
 class SacrificeRatio(Ratio):
     """Streaming CSR, see :func:`classification_sacrifice_ratio`."""
 
+    metric = "csr"
+    total_dtype = jnp.int32
+
     def update(self, logits_defended, logits_original, labels) -> SacrificeRatio:
         check_logits_and_labels(labels, logits_defended=logits_defended, logits_original=logits_original)
-        return self._add(_csr_terms(logits_defended, logits_original, labels))
+        return self.add(*_csr_terms(logits_defended, logits_original, labels))
 
 
+@struct.dataclass
 class ConfidenceVariance(Ratio):
     """Streaming CCV, see :func:`classification_confidence_variance`."""
 
+    toolkit_compat: bool = setting()
+
+    metric = "ccv"
     empty_reason = _NO_SHARED
 
-    def update(self, logits_defended, logits_original, labels, *, toolkit_compat: bool = False):
+    @classmethod
+    def empty(cls, *, toolkit_compat: bool = False) -> ConfidenceVariance:
+        checks.check_bool(toolkit_compat, "toolkit_compat")
+        return super().empty(toolkit_compat=toolkit_compat)
+
+    def update(self, logits_defended, logits_original, labels) -> ConfidenceVariance:
         check_logits_and_labels(labels, logits_defended=logits_defended, logits_original=logits_original)
-        return self._add(_ccv_terms(logits_defended, logits_original, labels, toolkit_compat))
+        return self.add(*_ccv_terms(logits_defended, logits_original, labels, self.toolkit_compat))
 
 
+@struct.dataclass
 class OutputStability(Ratio):
     """Streaming COS, see :func:`classification_output_stability`."""
 
+    toolkit_compat: bool = setting()
+
+    metric = "cos"
     empty_reason = _NO_SHARED
 
-    def update(self, logits_defended, logits_original, labels, *, toolkit_compat: bool = False):
+    @classmethod
+    def empty(cls, *, toolkit_compat: bool = False) -> OutputStability:
+        checks.check_bool(toolkit_compat, "toolkit_compat")
+        return super().empty(toolkit_compat=toolkit_compat)
+
+    def update(self, logits_defended, logits_original, labels) -> OutputStability:
         check_logits_and_labels(labels, logits_defended=logits_defended, logits_original=logits_original)
-        return self._add(_cos_terms(logits_defended, logits_original, labels, toolkit_compat))
+        return self.add(*_cos_terms(logits_defended, logits_original, labels, self.toolkit_compat))
 
 
 # ----------------------------------------------------------------------------- one shot
@@ -363,14 +363,14 @@ def accuracy(logits: Float[Array, "b k"], labels: Int[Array, " b"]) -> Float[Arr
     AAB on the evaluated model's logits of examples crafted on another (surrogate) model.
     AISafety's ``ACC`` class returns the error rate 1 - accuracy under the name accuracy.
     """
-    return Accuracy.empty().update(logits, labels).compute()
+    return Accuracy.empty().update(logits, labels).ratio()
 
 
 def attack_success_rate(
     logits_adv: Float[Array, "b k"], labels: Int[Array, " b"], target: Int[Array, " b"] | None = None
 ) -> Float[Array, ""]:
     """ASR = |S| / N, the share of adversarial examples in the success set; lower is more robust."""
-    return AttackSuccessRate.empty().update(logits_adv, labels, target).compute()
+    return AttackSuccessRate.empty().update(logits_adv, labels, target).ratio()
 
 
 def average_confidence_adversarial_class(
@@ -378,7 +378,7 @@ def average_confidence_adversarial_class(
 ) -> Float[Array, ""]:
     """ACAC = (1/|S|) sum_{i in S} max_j p_j(x'_i), the confidence of successful adversarial
     examples in their (wrong or target) class; lower is more robust."""
-    return AdversarialClassConfidence.empty().update(logits_adv, labels, target).compute()
+    return AdversarialClassConfidence.empty().update(logits_adv, labels, target).ratio()
 
 
 def average_confidence_true_class(
@@ -386,7 +386,7 @@ def average_confidence_true_class(
 ) -> Float[Array, ""]:
     """ACTC = (1/|S|) sum_{i in S} p_{y_i}(x'_i), always of the TRUE class y (as DEEPSEC;
     AISafety uses the target class in targeted mode); higher is more robust."""
-    return TrueClassConfidence.empty().update(logits_adv, labels, target).compute()
+    return TrueClassConfidence.empty().update(logits_adv, labels, target).ratio()
 
 
 def noise_tolerance_estimation(
@@ -395,7 +395,7 @@ def noise_tolerance_estimation(
     """NTE = (1/|S|) sum_{i in S} (p_(1)(x'_i) - p_(2)(x'_i)), the gap between the two
     largest probabilities of successful adversarial examples: how much noise they tolerate
     before the prediction changes. Lower is more robust."""
-    return NoiseToleranceEstimation.empty().update(logits_adv, labels, target).compute()
+    return NoiseToleranceEstimation.empty().update(logits_adv, labels, target).ratio()
 
 
 def robustness_to_gaussian_blur(
@@ -413,7 +413,7 @@ def robustness_to_gaussian_blur(
     ``toolkit_compat=True``: AISafety's (1/N) |{i : GB(x'_i) successful}|, over all N
     examples, successful before blurring or not.
     """
-    return TransformSurvival.empty().update(logits_adv, logits_blurred, labels, target, toolkit_compat=toolkit_compat).compute()
+    return TransformSurvival.empty(toolkit_compat=toolkit_compat).update(logits_adv, logits_blurred, labels, target).ratio()
 
 
 def robustness_to_image_compression(
@@ -426,7 +426,7 @@ def robustness_to_image_compression(
 ) -> Float[Array, ""]:
     """RIC: :func:`robustness_to_gaussian_blur` with a JPEG round trip
     (:func:`compress_for_ric`) in place of the blur. Lower is more robust."""
-    return TransformSurvival.empty().update(logits_adv, logits_compressed, labels, target, toolkit_compat=toolkit_compat).compute()
+    return TransformSurvival.empty(toolkit_compat=toolkit_compat).update(logits_adv, logits_compressed, labels, target).ratio()
 
 
 def classification_accuracy_variance(
@@ -435,7 +435,7 @@ def classification_accuracy_variance(
     """CAV = Acc(defended) - Acc(original) on the same examples (DEEPSEC: the clean test
     set), signed; higher is better. AISafety reports the absolute value, on adversarial
     examples: ``jnp.abs`` of this on adversarial logits."""
-    return AccuracyVariation.empty().update(logits_defended, logits_original, labels).compute()
+    return AccuracyVariation.empty().update(logits_defended, logits_original, labels).ratio()
 
 
 def classification_rectify_ratio(
@@ -443,14 +443,14 @@ def classification_rectify_ratio(
 ) -> Float[Array, ""]:
     """CRR = (1/N) |{i : original wrong and defended right}|; higher is better.
     CRR - CSR = CAV on the same examples."""
-    return RectifyRatio.empty().update(logits_defended, logits_original, labels).compute()
+    return RectifyRatio.empty().update(logits_defended, logits_original, labels).ratio()
 
 
 def classification_sacrifice_ratio(
     logits_defended: Float[Array, "b k"], logits_original: Float[Array, "b k"], labels: Int[Array, " b"]
 ) -> Float[Array, ""]:
     """CSR = (1/N) |{i : original right and defended wrong}|; lower is better."""
-    return SacrificeRatio.empty().update(logits_defended, logits_original, labels).compute()
+    return SacrificeRatio.empty().update(logits_defended, logits_original, labels).ratio()
 
 
 def classification_confidence_variance(
@@ -465,7 +465,7 @@ def classification_confidence_variance(
 
     ``toolkit_compat=True``: AISafety's set B of examples both models get wrong.
     """
-    return ConfidenceVariance.empty().update(logits_defended, logits_original, labels, toolkit_compat=toolkit_compat).compute()
+    return ConfidenceVariance.empty(toolkit_compat=toolkit_compat).update(logits_defended, logits_original, labels).ratio()
 
 
 def classification_output_stability(
@@ -480,7 +480,7 @@ def classification_output_stability(
 
     ``toolkit_compat=True``: AISafety's set B of examples both models get wrong.
     """
-    return OutputStability.empty().update(logits_defended, logits_original, labels, toolkit_compat=toolkit_compat).compute()
+    return OutputStability.empty(toolkit_compat=toolkit_compat).update(logits_defended, logits_original, labels).ratio()
 
 
 # ----------------------------------------------------------------------------- inputs for RGB, RIC
@@ -493,7 +493,7 @@ def blur_for_rgb(x: Float[Array, "b h w c"], sigma: float = RGB_SIGMA) -> Float[
     AISafety uses ``PIL.ImageFilter.GaussianBlur(radius=2)``, whose radius is this standard
     deviation but which approximates the Gaussian by three box blurs.
     """
-    checks.check_images(x)
+    x = checks.as_images(x)
     checks.check_positive_float(sigma, "sigma")
     return _blur_8bit(x, float(sigma))
 

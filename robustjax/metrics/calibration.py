@@ -20,8 +20,8 @@ one-shot evaluation agree). For AURRA and the RMS bins each tied sample counts w
 block's mean correctness (for AURRA this is the expectation over random tie orders); AUROC,
 AUPR and the FPR use one threshold per distinct score, as sklearn does. Without ties, RMS and
 AURRA equal Hendrycks' functions. The sorting metrics need every sample: :class:`CalibrationStats`
-and :class:`OODStats` keep them in a fixed-capacity buffer (5 bytes per sample: a float32 and a
-bool; 50,000 ImageNet images take 250 kB) and give exact results.
+and :class:`OODStats` keep them in a buffer of a capacity fixed by ``empty`` (5 bytes per
+sample: a float32 and a bool; 50,000 ImageNet images take 250 kB) and give exact results.
 
 Deviations from ``calibration_tools`` (and RobustART's copy): its RMS loop skips the last,
 most confident bin (``range(len(bins) - 1)``) while still dividing by all N; here every bin
@@ -33,47 +33,25 @@ may be below it; here it is the lowest FPR at a threshold with TPR >= 95%.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float
+from flax import struct
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
-from robustjax.checks import check_in_interval, check_positive_int
-
-DIRECTION: dict[str, str] = {
-    "rms_calibration_error": "lower",
-    "expected_calibration_error": "lower",
-    "aurra": "higher",
-    "auroc": "higher",
-    "aupr": "higher",
-    "fpr_at_tpr": "lower",
-}
-"""Which way each metric is more robust (better calibrated, better OOD detector)."""
-
+from robustjax.checks import (
+    check_bool,
+    check_flags,
+    check_in_interval,
+    check_positive_int,
+    concrete_values,
+)
+from robustjax.metrics.accumulator import check_mergeable, setting
+from robustjax.sharding import with_auto_axes
 
 # ---------------------------------------------------------------------------------------------
 # Host-side validation
-
-
-def _concrete(a) -> np.ndarray | None:
-    return None if isinstance(a, jax.core.Tracer) else np.asarray(a)
-
-
-def check_flags(flags, name: str, shape: tuple[int, ...] | None = None) -> None:
-    """``flags`` must be a boolean (or 0/1 integer) array, of ``shape`` when given, not empty."""
-    if not hasattr(flags, "shape") or not hasattr(flags, "dtype"):
-        raise TypeError(f"{name} must be a boolean array, got {type(flags).__name__}")
-    if flags.dtype != np.bool_ and not np.issubdtype(flags.dtype, np.integer):
-        raise TypeError(f"{name} must be boolean (or 0/1 integers), got dtype {flags.dtype}")
-    if shape is not None and tuple(flags.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(flags.shape)}")
-    if flags.size == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(flags.shape)})")
-    values = _concrete(flags)
-    if values is not None and values.dtype != np.bool_ and not np.isin(values, (0, 1)).all():
-        raise ValueError(f"{name} must hold only 0 and 1, got values {np.unique(values)[:5]}")
 
 
 def _check_scores(scores, name: str, *, unit_interval: bool = False) -> None:
@@ -84,7 +62,7 @@ def _check_scores(scores, name: str, *, unit_interval: bool = False) -> None:
         raise TypeError(f"{name} must be a float array, got dtype {scores.dtype}")
     if scores.ndim != 1 or scores.shape[0] == 0:
         raise ValueError(f"{name} must be a non-empty 1-D array, got shape {tuple(scores.shape)}")
-    values = _concrete(scores)
+    values = concrete_values(scores)
     if values is None:
         return
     if not np.isfinite(values).all():
@@ -101,7 +79,7 @@ def _check_pair(confidence, correct) -> None:
 def _check_detection(scores, positive, tpr: float | None = None) -> None:
     _check_scores(scores, "scores")
     check_flags(positive, "positive", scores.shape)
-    labels = _concrete(positive)
+    labels = concrete_values(positive)
     if labels is not None and (labels.all() or not labels.any()):
         raise ValueError("OOD detection needs both positive (OOD) and negative (in-distribution) samples")
     if tpr is not None:
@@ -140,6 +118,7 @@ def _tie_averaged(sorted_keys: jax.Array, values: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
+@with_auto_axes
 def _rms_core(confidence, correct, n, beta: int, skip_last_bin: bool):
     size = confidence.shape[0]
     conf, acc = _sort_valid(confidence, n, correct.astype(jnp.float32))
@@ -157,6 +136,7 @@ def _rms_core(confidence, correct, n, beta: int, skip_last_bin: bool):
 
 
 @functools.partial(jax.jit, static_argnums=3)
+@with_auto_axes
 def _ece_core(confidence, correct, n, num_bins: int):
     valid = jnp.arange(confidence.shape[0]) < n
     bins = jnp.clip(jnp.ceil(confidence * num_bins).astype(jnp.int32) - 1, 0, num_bins - 1)
@@ -167,6 +147,7 @@ def _ece_core(confidence, correct, n, num_bins: int):
 
 
 @jax.jit
+@with_auto_axes
 def _aurra_core(confidence, correct, n):
     valid = jnp.arange(confidence.shape[0]) < n
     keys, acc = _sort_valid(-confidence, n, correct.astype(jnp.float32))
@@ -188,6 +169,7 @@ def _detection_counts(scores, positive, n):
 
 
 @jax.jit
+@with_auto_axes
 def _auroc_core(scores, positive, n):
     _, pos, _, cum_neg, start, end, n_pos, n_neg = _detection_counts(scores, positive, n)
     below = n_neg - cum_neg[end]
@@ -197,6 +179,7 @@ def _auroc_core(scores, positive, n):
 
 
 @jax.jit
+@with_auto_axes
 def _average_precision_core(scores, positive, n):
     _, pos, cum_pos, _, _, end, n_pos, _ = _detection_counts(scores, positive, n)
     precision = cum_pos[end] / jnp.maximum(end, 1)
@@ -204,6 +187,7 @@ def _average_precision_core(scores, positive, n):
 
 
 @jax.jit
+@with_auto_axes
 def _fpr_core(scores, positive, n, tpr):
     valid, _, cum_pos, cum_neg, _, end, n_pos, n_neg = _detection_counts(scores, positive, n)
     reached = cum_pos[end] / n_pos >= jnp.asarray(tpr, jnp.float32)
@@ -226,7 +210,7 @@ def anomaly_score(logits: Float[Array, "b n"]) -> Float[Array, " b"]:
 
 
 def rms_calibration_error(
-    confidence: Float[Array, " n"], correct: Bool[Array, " n"], *, beta: int = 100, skip_last_bin: bool = False
+    confidence: Float[ArrayLike, " n"], correct: Bool[ArrayLike, " n"] | Int[ArrayLike, " n"], *, beta: int = 100, skip_last_bin: bool = False
 ) -> Float[Array, ""]:
     """RMS calibration error over adaptive bins of ``beta`` consecutive samples sorted by confidence.
 
@@ -243,7 +227,7 @@ def rms_calibration_error(
 
 
 def expected_calibration_error(
-    confidence: Float[Array, " n"], correct: Bool[Array, " n"], *, num_bins: int = 15
+    confidence: Float[ArrayLike, " n"], correct: Bool[ArrayLike, " n"] | Int[ArrayLike, " n"], *, num_bins: int = 15
 ) -> Float[Array, ""]:
     """ECE (Guo et al. 2017): ``sum_m n_m / N |mean_m confidence - mean_m correct|`` over
     ``num_bins`` equal-width bins ``((m-1)/M, m/M]`` (confidence 0 falls in the first).
@@ -253,28 +237,28 @@ def expected_calibration_error(
     return _ece_core(confidence, correct, confidence.shape[0], num_bins)
 
 
-def aurra(confidence: Float[Array, " n"], correct: Bool[Array, " n"]) -> Float[Array, ""]:
+def aurra(confidence: Float[ArrayLike, " n"], correct: Bool[ArrayLike, " n"] | Int[ArrayLike, " n"]) -> Float[Array, ""]:
     """Area under the response rate - accuracy curve: ``mean_k acc(k most confident)``, k = 1..N.
     Higher is better (confidence ranks correct predictions first)."""
     _check_pair(confidence, correct)
     return _aurra_core(confidence, correct, confidence.shape[0])
 
 
-def auroc(scores: Float[Array, " n"], positive: Bool[Array, " n"]) -> Float[Array, ""]:
+def auroc(scores: Float[ArrayLike, " n"], positive: Bool[ArrayLike, " n"] | Int[ArrayLike, " n"]) -> Float[Array, ""]:
     """Area under the ROC curve: ``P(s_pos > s_neg) + P(s_pos = s_neg) / 2`` (sklearn's
     ``roc_auc_score``). Higher is better."""
     _check_detection(scores, positive)
     return _auroc_core(scores, positive, scores.shape[0])
 
 
-def average_precision(scores: Float[Array, " n"], positive: Bool[Array, " n"]) -> Float[Array, ""]:
+def average_precision(scores: Float[ArrayLike, " n"], positive: Bool[ArrayLike, " n"] | Int[ArrayLike, " n"]) -> Float[Array, ""]:
     """Average precision (AUPR): ``sum_t (R_t - R_{t-1}) P_t`` over the distinct scores t taken
     as thresholds ``score >= t`` (sklearn's ``average_precision_score``). Higher is better."""
     _check_detection(scores, positive)
     return _average_precision_core(scores, positive, scores.shape[0])
 
 
-def fpr_at_tpr(scores: Float[Array, " n"], positive: Bool[Array, " n"], *, tpr: float = 0.95) -> Float[Array, ""]:
+def fpr_at_tpr(scores: Float[ArrayLike, " n"], positive: Bool[ArrayLike, " n"] | Int[ArrayLike, " n"], *, tpr: float = 0.95) -> Float[Array, ""]:
     """The lowest false positive rate among thresholds ``score >= t`` whose true positive rate is
     at least ``tpr``. Lower is better."""
     _check_detection(scores, positive, tpr)
@@ -282,7 +266,7 @@ def fpr_at_tpr(scores: Float[Array, " n"], positive: Bool[Array, " n"], *, tpr: 
 
 
 def ood_detection(
-    in_scores: Float[Array, " m"], out_scores: Float[Array, " k"], *, tpr: float = 0.95
+    in_scores: Float[ArrayLike, " m"], out_scores: Float[ArrayLike, " k"], *, tpr: float = 0.95
 ) -> dict[str, jax.Array]:
     """AUROC, AUPR and FPR at ``tpr`` of anomaly scores with the out-of-distribution samples as
     the positive class (``calibration_tools.get_measures(out_scores, in_scores)``)."""
@@ -304,143 +288,143 @@ def _detection_all(scores, positive, n, tpr) -> dict[str, jax.Array]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Streaming: a fixed-capacity buffer of (score, flag) samples
+# Streaming: a fixed-capacity buffer of (score, flag) samples and how many were seen. The first
+# min(count, capacity) entries are samples; a count above the capacity means some were dropped.
 
 
-def _empty_buffer(capacity: int):
+def _empty_buffer(capacity: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     check_positive_int(capacity, "capacity")
-    zeros = jnp.zeros((), jnp.int32)
-    return jnp.zeros((capacity,), jnp.float32), jnp.zeros((capacity,), bool), zeros, zeros
+    return jnp.zeros((capacity,), jnp.float32), jnp.zeros((capacity,), bool), jnp.zeros((), jnp.int32)
 
 
-def _append(buffer, values: jax.Array, flags: jax.Array):
-    """Writes a batch after the stored samples; what does not fit is dropped and counted."""
-    stored, kept_flags, count, dropped = buffer
-    capacity, batch = stored.shape[0], values.shape[0]
-    slots = count + jnp.arange(batch)
-    new_count = jnp.minimum(count + batch, capacity)
+def _write(values: jax.Array, flags: jax.Array, count: jax.Array, new_values, new_flags, valid) -> tuple:
+    """The buffer with the first ``valid`` of ``new_values``/``new_flags`` written after its
+    ``count`` samples; entries beyond the capacity are dropped (and still counted)."""
+    capacity, size = values.shape[0], new_values.shape[0]
+    slots = jnp.where(jnp.arange(size) < valid, count + jnp.arange(size), capacity)
     return (
-        stored.at[slots].set(values.astype(jnp.float32), mode="drop"),
-        kept_flags.at[slots].set(flags.astype(bool), mode="drop"),
-        new_count,
-        dropped + count + batch - new_count,
+        values.at[slots].set(new_values.astype(jnp.float32), mode="drop"),
+        flags.at[slots].set(new_flags.astype(bool), mode="drop"),
+        count + valid,
     )
 
 
-def _concatenate(a, b):
-    """A buffer with capacity a + b holding a's samples, then b's."""
-    (a_values, a_flags, a_count, a_dropped), (b_values, b_flags, b_count, b_dropped) = a, b
-    pad = b_values.shape[0]
-    beyond = a_values.shape[0] + pad  # an index past the end: dropped
-    slots = jnp.where(jnp.arange(pad) < b_count, a_count + jnp.arange(pad), beyond)
-    return (
-        jnp.pad(a_values, (0, pad)).at[slots].set(b_values, mode="drop"),
-        jnp.pad(a_flags, (0, pad)).at[slots].set(b_flags, mode="drop"),
-        a_count + b_count,
-        a_dropped + b_dropped,
-    )
-
-
-def _check_complete(count, dropped, what: str) -> None:
-    """On the host: the buffer must hold samples and must not have dropped any."""
-    count, dropped = _concrete(count), _concrete(dropped)
-    if dropped is not None and int(dropped) > 0:
-        raise ValueError(f"{what} overflowed: {int(dropped)} samples did not fit; create it with a larger capacity")
+def _check_buffer(count, capacity: int, what: str) -> None:
+    """On the host: the buffer must hold samples and must not have overflowed."""
+    count = concrete_values(count)
+    if count is not None and int(count) > capacity:
+        raise ValueError(f"{what} overflowed: {int(count)} samples seen, capacity {capacity}; "
+                         "create it with a larger capacity")
     if count is not None and int(count) == 0:
         raise ValueError(f"{what} holds no samples; update it first")
 
 
-def _unless_dropped(dropped, values: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """NaN (never a silently wrong number) when traced code computed a buffer that overflowed."""
-    return {k: jnp.where(dropped > 0, jnp.nan, v) for k, v in values.items()}
+def _nan_where(undefined, values: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """NaN (never a silently wrong number) where traced code computed an undefined result."""
+    return {k: jnp.where(undefined, jnp.nan, v) for k, v in values.items()}
 
 
-class CalibrationStats(NamedTuple):
+@struct.dataclass
+class CalibrationStats:
     """Streaming RMS calibration error, ECE, AURRA and accuracy over a whole dataset.
 
     Keeps every (confidence, correct) pair in a buffer of fixed ``capacity`` (5 bytes per
     sample), so shapes stay static under ``jit``/``lax.scan`` and the results are exact.
-    ``merge`` concatenates (capacity a + b), so per-device buffers gather into one; samples
-    beyond the capacity are counted as dropped and ``compute`` then raises (NaN when traced).
+    ``merge`` writes the other buffer's samples after this one's. ``count`` is the number
+    of samples seen; more than ``capacity`` makes ``compute`` raise (NaN when traced).
     """
 
-    confidence: jax.Array
-    correct: jax.Array
-    count: jax.Array
-    dropped: jax.Array
+    confidence: Float[Array, "..."]
+    correct: Bool[Array, "..."]
+    count: Int[Array, "..."]
+    beta: int = setting()
+    num_bins: int = setting()
+    skip_last_bin: bool = setting()
 
     @classmethod
-    def empty(cls, capacity: int) -> CalibrationStats:
-        return cls(*_empty_buffer(capacity))
-
-    def update(self, confidence: Float[Array, " b"], correct: Bool[Array, " b"]) -> CalibrationStats:
-        """Adds a batch; ``confidence = max_softmax(logits)``, ``correct = argmax(logits) == y``."""
-        _check_pair(confidence, correct)
-        return CalibrationStats(*_append(self, confidence, correct))
-
-    def merge(self, other: CalibrationStats) -> CalibrationStats:
-        return CalibrationStats(*_concatenate(self, other))
-
-    def compute(self, *, beta: int = 100, num_bins: int = 15, skip_last_bin: bool = False) -> dict[str, jax.Array]:
-        """``{"rms_calibration_error", "expected_calibration_error", "aurra", "accuracy"}``."""
-        _check_complete(self.count, self.dropped, "CalibrationStats")
+    def empty(cls, capacity: int, *, beta: int = 100, num_bins: int = 15, skip_last_bin: bool = False) -> CalibrationStats:
+        """Room for ``capacity`` samples; ``beta``, ``skip_last_bin`` of :func:`rms_calibration_error`,
+        ``num_bins`` of :func:`expected_calibration_error`."""
         check_positive_int(beta, "beta")
         check_positive_int(num_bins, "num_bins")
-        count = _concrete(self.count)
-        if skip_last_bin and count is not None and int(count) < 2 * beta:
-            raise ValueError(f"skip_last_bin needs N >= 2 * beta = {2 * beta} samples, got {int(count)}")
-        return _unless_dropped(self.dropped, _calibration_all(self, beta, num_bins, skip_last_bin))
+        check_bool(skip_last_bin, "skip_last_bin")
+        return cls(*_empty_buffer(capacity), beta, num_bins, skip_last_bin)
+
+    def update(self, confidence: Float[ArrayLike, " b"], correct: Bool[ArrayLike, " b"] | Int[ArrayLike, " b"]) -> CalibrationStats:
+        """Adds a batch; ``confidence = max_softmax(logits)``, ``correct = argmax(logits) == y``."""
+        _check_pair(confidence, correct)
+        written = _write(self.confidence, self.correct, self.count, confidence, correct, confidence.shape[0])
+        return self.replace(**dict(zip(("confidence", "correct", "count"), written)))
+
+    def merge(self, other: CalibrationStats) -> CalibrationStats:
+        check_mergeable(self, other)
+        written = _write(self.confidence, self.correct, self.count, other.confidence, other.correct, other.count)
+        return self.replace(**dict(zip(("confidence", "correct", "count"), written)))
+
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"rms_calibration_error", "expected_calibration_error", "aurra", "accuracy"}``."""
+        capacity = self.confidence.shape[0]
+        _check_buffer(self.count, capacity, "CalibrationStats")
+        count = concrete_values(self.count)
+        if self.skip_last_bin and count is not None and int(count) < 2 * self.beta:
+            raise ValueError(f"skip_last_bin needs N >= 2 * beta = {2 * self.beta} samples, got {int(count)}")
+        undefined = (self.count > capacity) | ((self.count < 2 * self.beta) & self.skip_last_bin)
+        return _nan_where(undefined, _calibration_all(self))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _calibration_all(stats: CalibrationStats, beta, num_bins, skip_last_bin) -> dict[str, jax.Array]:
+@jax.jit
+def _calibration_all(stats: CalibrationStats) -> dict[str, jax.Array]:
     conf, correct, n = stats.confidence, stats.correct, stats.count
     valid = jnp.arange(conf.shape[0]) < n
     return {
-        "rms_calibration_error": _rms_core(conf, correct, n, beta, skip_last_bin),
-        "expected_calibration_error": _ece_core(conf, correct, n, num_bins),
+        "rms_calibration_error": _rms_core(conf, correct, n, stats.beta, stats.skip_last_bin),
+        "expected_calibration_error": _ece_core(conf, correct, n, stats.num_bins),
         "aurra": _aurra_core(conf, correct, n),
         "accuracy": jnp.sum(valid & correct) / n,
     }
 
 
-class OODStats(NamedTuple):
-    """Streaming AUROC, AUPR and FPR at a TPR for OOD detection (OOD = positive class).
+@struct.dataclass
+class OODStats:
+    """Streaming AUROC, AUPR and FPR at ``tpr`` for OOD detection (OOD = positive class).
 
-    Same buffer as :class:`CalibrationStats`: ``update(anomaly_score(logits), is_ood)`` per batch,
-    in-distribution and OOD batches in any order.
+    The buffer of :class:`CalibrationStats`: ``update(anomaly_score(logits), is_ood)`` per
+    batch, in-distribution and OOD batches in any order.
     """
 
-    scores: jax.Array
-    is_ood: jax.Array
-    count: jax.Array
-    dropped: jax.Array
+    scores: Float[Array, "..."]
+    is_ood: Bool[Array, "..."]
+    count: Int[Array, "..."]
+    tpr: float = setting()
 
     @classmethod
-    def empty(cls, capacity: int) -> OODStats:
-        return cls(*_empty_buffer(capacity))
+    def empty(cls, capacity: int, *, tpr: float = 0.95) -> OODStats:
+        check_in_interval(tpr, "tpr", 0.0, 1.0, closed_high=True)
+        return cls(*_empty_buffer(capacity), float(tpr))
 
-    def update(self, scores: Float[Array, " b"], is_ood: Bool[Array, " b"]) -> OODStats:
+    def update(self, scores: Float[ArrayLike, " b"], is_ood: Bool[ArrayLike, " b"] | Int[ArrayLike, " b"]) -> OODStats:
         _check_scores(scores, "scores")
         check_flags(is_ood, "is_ood", scores.shape)
-        return OODStats(*_append(self, scores, is_ood))
+        written = _write(self.scores, self.is_ood, self.count, scores, is_ood, scores.shape[0])
+        return self.replace(**dict(zip(("scores", "is_ood", "count"), written)))
 
     def merge(self, other: OODStats) -> OODStats:
-        return OODStats(*_concatenate(self, other))
+        check_mergeable(self, other)
+        written = _write(self.scores, self.is_ood, self.count, other.scores, other.is_ood, other.count)
+        return self.replace(**dict(zip(("scores", "is_ood", "count"), written)))
 
-    def compute(self, *, tpr: float = 0.95) -> dict[str, jax.Array]:
+    def compute(self) -> dict[str, jax.Array]:
         """``{"auroc", "aupr", "fpr_at_tpr"}``."""
-        _check_complete(self.count, self.dropped, "OODStats")
-        check_in_interval(tpr, "tpr", 0.0, 1.0, closed_high=True)
-        flags, count = _concrete(self.is_ood), _concrete(self.count)
+        capacity = self.scores.shape[0]
+        _check_buffer(self.count, capacity, "OODStats")
+        flags, count = concrete_values(self.is_ood), concrete_values(self.count)
         if flags is not None and count is not None:
             ood = flags[: int(count)]
             if ood.all() or not ood.any():
                 raise ValueError("OOD detection needs both OOD and in-distribution samples")
-        return _unless_dropped(self.dropped, _ood_all(self, tpr))
+        return _nan_where(self.count > capacity, _ood_all(self))
 
 
 @jax.jit
-def _ood_all(stats: OODStats, tpr) -> dict[str, jax.Array]:
-    return _detection_all(stats.scores, stats.is_ood, stats.count, tpr)
-
+def _ood_all(stats: OODStats) -> dict[str, jax.Array]:
+    return _detection_all(stats.scores, stats.is_ood, stats.count, stats.tpr)

@@ -29,23 +29,36 @@ bounds twice; the toolkit's elementwise any-position rule for KMNC/NBC/SNAC is n
 TKNP is streamed exactly: :class:`TopKPatterns` keeps the distinct patterns themselves in a
 table of fixed ``capacity`` rows (merge = sorted union) and refuses to report once more than
 ``capacity`` distinct patterns were seen.
+
+Streaming: :class:`NeuronBounds` profiles the training ranges (an input of the coverage
+accumulators, not a metric: it has no ``compute``); :class:`KMultisectionCoverage`,
+:class:`BoundaryCoverage`, :class:`TopKCoverage` and :class:`TopKPatterns` follow the
+protocol of :mod:`robustjax.metrics.accumulator` and compute ``"kmnc"``, ``"nbc"`` and
+``"snac"``, ``"tknc"``, ``"tknp"``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
-from robustjax.checks import _concrete, check_choice, check_images, check_positive_int
+from robustjax.checks import (
+    as_images,
+    check_choice,
+    check_examples_seen,
+    check_layer_widths,
+    check_positive_int,
+    concrete_values,
+)
+from robustjax.metrics.accumulator import batch_count, check_mergeable, setting
 
-HIGHER_IS_BETTER = {"kmnc": True, "nbc": True, "snac": True, "tknc": True, "tknp": True}
 ConvNeuron = Literal["channel", "unit"]
 Activations = Mapping[str, Float[Array, "b n"]]
 _EMPTY_ROW = np.iinfo(np.int32).max  # fills unused TKNP table rows; sorts after every pattern
@@ -97,9 +110,9 @@ def classifier_neurons(
     conv_neuron: ConvNeuron = "channel",
 ) -> dict[str, Float[Array, "b n"]]:
     """:func:`neuron_values` of ``classifier.features(x)``, validated and jitted."""
-    check_images(x, input_shape=classifier.input_shape)
+    x = as_images(x, input_shape=classifier.input_shape)
     check_choice(conv_neuron, ("channel", "unit"), "conv_neuron")
-    return _classifier_neurons(classifier, jnp.asarray(x), None if layers is None else tuple(layers), conv_neuron)
+    return _classifier_neurons(classifier, x, None if layers is None else tuple(layers), conv_neuron)
 
 
 def _check_values(values: Activations, widths: Mapping[str, int] | None = None) -> None:
@@ -119,7 +132,7 @@ def _check_values(values: Activations, widths: Mapping[str, int] | None = None) 
         batch = a.shape[0]
         if widths is not None and a.shape[1] != widths[name]:
             raise ValueError(f"layer {name!r} has {a.shape[1]} neurons, expected {widths[name]}")
-        concrete = _concrete(a)
+        concrete = concrete_values(a)
         if concrete is not None and np.isnan(concrete).any():
             raise ValueError(f"layer {name!r} activations contain NaN")
 
@@ -140,30 +153,26 @@ def _size(tree) -> int:
 # --------------------------------------------------------------------------- bounds
 
 
-def _check_count(count, what: str) -> None:
-    concrete = _concrete(count)
-    if concrete is not None and int(concrete) == 0:
-        raise ValueError(f"{what}: no examples seen yet (update it with at least one batch)")
+def _batch_size(values: Activations) -> jax.Array:
+    return batch_count(next(iter(values.values())))
 
 
-class NeuronBounds(NamedTuple):
+@struct.dataclass
+class NeuronBounds:
     """Streaming per-neuron minimum and maximum over a (training) set: DeepGauge's
     [low_n, high_n]. ``merge`` takes the elementwise min and max, so batches and devices
-    combine in any order.
+    combine in any order. The profile is read from ``low`` and ``high`` ({layer: (n,)}).
 
     ``NeuronBounds.empty(widths).update(values)...``, ``widths = {layer: n_layer}``.
     """
 
-    low: dict[str, Float[Array, " n"]]
-    high: dict[str, Float[Array, " n"]]
-    count: Int[Array, ""]
+    low: dict[str, Float[Array, "..."]]
+    high: dict[str, Float[Array, "..."]]
+    count: Int[Array, "..."]
 
     @classmethod
     def empty(cls, widths: Mapping[str, int]) -> NeuronBounds:
-        if not widths:
-            raise ValueError("widths must name at least one layer")
-        for name, width in widths.items():
-            check_positive_int(width, f"width of layer {name!r}")
+        check_layer_widths(widths)
         return cls(
             {name: jnp.full((width,), jnp.inf, jnp.float32) for name, width in widths.items()},
             {name: jnp.full((width,), -jnp.inf, jnp.float32) for name, width in widths.items()},
@@ -176,27 +185,23 @@ class NeuronBounds(NamedTuple):
 
     def update(self, values: Activations) -> NeuronBounds:
         _check_values(values, self.widths)
-        return self.merge(NeuronBounds(
-            {name: a.min(axis=0) for name, a in values.items()},
-            {name: a.max(axis=0) for name, a in values.items()},
-            jnp.asarray(next(iter(values.values())).shape[0], jnp.int32),
-        ))
+        return self.replace(
+            low={name: jnp.minimum(self.low[name], a.min(axis=0)) for name, a in values.items()},
+            high={name: jnp.maximum(self.high[name], a.max(axis=0)) for name, a in values.items()},
+            count=self.count + _batch_size(values),
+        )
 
     def merge(self, other: NeuronBounds) -> NeuronBounds:
-        return NeuronBounds(
-            jax.tree.map(jnp.minimum, self.low, other.low),
-            jax.tree.map(jnp.maximum, self.high, other.high),
-            self.count + other.count,
+        check_mergeable(self, other)
+        return self.replace(
+            low=jax.tree.map(jnp.minimum, self.low, other.low),
+            high=jax.tree.map(jnp.maximum, self.high, other.high),
+            count=self.count + other.count,
         )
 
     def check_profiled(self) -> None:
         """Raises ValueError when no training batch has been seen."""
-        _check_count(self.count, "neuron bounds are not profiled")
-
-    def compute(self) -> dict[str, dict[str, jax.Array]]:
-        """``{"low": {layer: (n,)}, "high": {layer: (n,)}}``."""
-        self.check_profiled()
-        return {"low": dict(self.low), "high": dict(self.high)}
+        check_examples_seen(self.count, "neuron bounds are not profiled")
 
 
 def _section_hits(v, low, high, k: int) -> jax.Array:
@@ -210,17 +215,19 @@ def _section_hits(v, low, high, k: int) -> jax.Array:
     return hits | (degenerate & inside.any(axis=0))[:, None]
 
 
-class KMultisectionCoverage(NamedTuple):
+@struct.dataclass
+class KMultisectionCoverage:
     """Streaming KMNC: which of the k sections of each neuron's training range were hit.
 
-    ``KMultisectionCoverage.empty(bounds, k).update(values)...compute()``. Accumulators
-    merged together must share their bounds (``merge`` keeps ``self``'s).
+    ``KMultisectionCoverage.empty(bounds, k).update(values)...compute()``. The bounds are
+    fixed by ``empty``; accumulators merged together must share them (``merge`` keeps
+    ``self``'s).
     """
 
-    low: dict[str, Float[Array, " n"]]
-    high: dict[str, Float[Array, " n"]]
-    hits: dict[str, Bool[Array, "n k"]]
-    count: Int[Array, ""]
+    low: dict[str, Float[Array, "..."]]
+    high: dict[str, Float[Array, "..."]]
+    hits: dict[str, Bool[Array, "..."]]  # (n, k) per layer
+    count: Int[Array, "..."]
 
     @classmethod
     def empty(cls, bounds: NeuronBounds, k: int = 20) -> KMultisectionCoverage:
@@ -232,26 +239,29 @@ class KMultisectionCoverage(NamedTuple):
     def update(self, values: Activations) -> KMultisectionCoverage:
         _check_values(values, {name: low.shape[0] for name, low in self.low.items()})
         k = next(iter(self.hits.values())).shape[1]
-        hits = {name: _section_hits(a, self.low[name], self.high[name], k) for name, a in values.items()}
-        return self.merge(self._replace(hits=hits, count=jnp.asarray(next(iter(values.values())).shape[0], jnp.int32)))
+        hits = {name: self.hits[name] | _section_hits(a, self.low[name], self.high[name], k) for name, a in values.items()}
+        return self.replace(hits=hits, count=self.count + _batch_size(values))
 
     def merge(self, other: KMultisectionCoverage) -> KMultisectionCoverage:
-        return self._replace(hits=jax.tree.map(jnp.logical_or, self.hits, other.hits), count=self.count + other.count)
+        check_mergeable(self, other)
+        return self.replace(hits=jax.tree.map(jnp.logical_or, self.hits, other.hits), count=self.count + other.count)
 
-    def compute(self) -> Float[Array, ""]:
-        _check_count(self.count, "KMNC")
-        return _total(self.hits) / _size(self.hits)
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"kmnc"}``."""
+        check_examples_seen(self.count, "KMNC")
+        return {"kmnc": _total(self.hits) / _size(self.hits)}
 
 
-class BoundaryCoverage(NamedTuple):
+@struct.dataclass
+class BoundaryCoverage:
     """Streaming NBC and SNAC: neurons pushed above their training maximum (upper corner)
     or below their minimum (lower corner) by some test input."""
 
-    low: dict[str, Float[Array, " n"]]
-    high: dict[str, Float[Array, " n"]]
-    upper: dict[str, Bool[Array, " n"]]
-    lower: dict[str, Bool[Array, " n"]]
-    count: Int[Array, ""]
+    low: dict[str, Float[Array, "..."]]
+    high: dict[str, Float[Array, "..."]]
+    upper: dict[str, Bool[Array, "..."]]
+    lower: dict[str, Bool[Array, "..."]]
+    count: Int[Array, "..."]
 
     @classmethod
     def empty(cls, bounds: NeuronBounds) -> BoundaryCoverage:
@@ -261,22 +271,23 @@ class BoundaryCoverage(NamedTuple):
 
     def update(self, values: Activations) -> BoundaryCoverage:
         _check_values(values, {name: low.shape[0] for name, low in self.low.items()})
-        return self.merge(self._replace(
-            upper={name: (a > self.high[name]).any(axis=0) for name, a in values.items()},
-            lower={name: (a < self.low[name]).any(axis=0) for name, a in values.items()},
-            count=jnp.asarray(next(iter(values.values())).shape[0], jnp.int32),
-        ))
+        return self.replace(
+            upper={name: self.upper[name] | (a > self.high[name]).any(axis=0) for name, a in values.items()},
+            lower={name: self.lower[name] | (a < self.low[name]).any(axis=0) for name, a in values.items()},
+            count=self.count + _batch_size(values),
+        )
 
     def merge(self, other: BoundaryCoverage) -> BoundaryCoverage:
-        return self._replace(
+        check_mergeable(self, other)
+        return self.replace(
             upper=jax.tree.map(jnp.logical_or, self.upper, other.upper),
             lower=jax.tree.map(jnp.logical_or, self.lower, other.lower),
             count=self.count + other.count,
         )
 
-    def compute(self) -> dict[str, Float[Array, ""]]:
+    def compute(self) -> dict[str, jax.Array]:
         """``{"nbc": (|Upper| + |Lower|) / 2|N|, "snac": |Upper| / |N|}``."""
-        _check_count(self.count, "NBC/SNAC")
+        check_examples_seen(self.count, "NBC/SNAC")
         neurons = _size(self.upper)
         upper = _total(self.upper)
         return {"nbc": (upper + _total(self.lower)) / (2 * neurons), "snac": upper / neurons}
@@ -287,35 +298,33 @@ def _top_k(a: jax.Array, k: int) -> jax.Array:
     return jax.lax.top_k(a, min(k, a.shape[1]))[1]
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+@struct.dataclass
 class TopKCoverage:
     """Streaming TKNC: the union over inputs of each layer's top-k neurons."""
 
-    covered: dict[str, Bool[Array, " n"]]
-    count: Int[Array, ""]
-    k: int = dataclasses.field(metadata={"static": True})
+    covered: dict[str, Bool[Array, "..."]]
+    count: Int[Array, "..."]
+    k: int = setting()
 
     @classmethod
     def empty(cls, widths: Mapping[str, int], k: int = 3) -> TopKCoverage:
         check_positive_int(k, "k")
-        if not widths:
-            raise ValueError("widths must name at least one layer")
-        return cls({name: jnp.zeros((int(width),), bool) for name, width in widths.items()}, jnp.zeros((), jnp.int32), k)
+        check_layer_widths(widths)
+        return cls({name: jnp.zeros((width,), bool) for name, width in widths.items()}, jnp.zeros((), jnp.int32), k)
 
     def update(self, values: Activations) -> TopKCoverage:
         _check_values(values, {name: c.shape[0] for name, c in self.covered.items()})
-        covered = {name: jnp.zeros(a.shape[1], bool).at[_top_k(a, self.k)].set(True) for name, a in values.items()}
-        return self.merge(dataclasses.replace(
-            self, covered=covered, count=jnp.asarray(next(iter(values.values())).shape[0], jnp.int32)))
+        covered = {name: self.covered[name].at[_top_k(a, self.k)].set(True) for name, a in values.items()}
+        return self.replace(covered=covered, count=self.count + _batch_size(values))
 
     def merge(self, other: TopKCoverage) -> TopKCoverage:
-        return dataclasses.replace(
-            self, covered=jax.tree.map(jnp.logical_or, self.covered, other.covered), count=self.count + other.count)
+        check_mergeable(self, other)
+        return self.replace(covered=jax.tree.map(jnp.logical_or, self.covered, other.covered), count=self.count + other.count)
 
-    def compute(self) -> Float[Array, ""]:
-        _check_count(self.count, "TKNC")
-        return _total(self.covered) / _size(self.covered)
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"tknc"}``."""
+        check_examples_seen(self.count, "TKNC")
+        return {"tknc": _total(self.covered) / _size(self.covered)}
 
 
 def top_k_patterns(values: Activations, k: int = 2) -> Int[Array, "b p"]:
@@ -330,35 +339,34 @@ def _distinct_rows(rows: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array
     return unique[:capacity], jnp.sum(unique[:, 0] != _EMPTY_ROW)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+@struct.dataclass
 class TopKPatterns:
     """Streaming TKNP, exact: a table of the distinct patterns seen, at most ``capacity``.
 
     ``merge`` is the sorted union of two tables. Seeing more than ``capacity`` distinct
-    patterns sets ``overflowed`` and ``compute`` then raises: raise the capacity.
+    patterns sets ``overflowed``; ``compute`` then raises (NaN when traced): raise the
+    capacity.
     """
 
-    table: Int[Array, "capacity p"]
-    overflowed: Bool[Array, ""]
-    count: Int[Array, ""]
-    k: int = dataclasses.field(metadata={"static": True})
+    table: Int[Array, "..."]  # (capacity, pattern length)
+    overflowed: Bool[Array, "..."]
+    count: Int[Array, "..."]
+    k: int = setting()
 
     @classmethod
     def empty(cls, widths: Mapping[str, int], k: int = 2, capacity: int = 16384) -> TopKPatterns:
         check_positive_int(k, "k")
         check_positive_int(capacity, "capacity")
-        if not widths:
-            raise ValueError("widths must name at least one layer")
-        length = sum(min(k, int(width)) for width in widths.values())
+        check_layer_widths(widths)
+        length = sum(min(k, width) for width in widths.values())
         table = jnp.full((capacity, length), _EMPTY_ROW, jnp.int32)
         return cls(table, jnp.zeros((), bool), jnp.zeros((), jnp.int32), k)
 
     def _union(self, rows: jax.Array, count: jax.Array, overflowed: jax.Array) -> TopKPatterns:
         capacity = self.table.shape[0]
         table, distinct = _distinct_rows(jnp.concatenate([self.table, rows]), capacity)
-        return dataclasses.replace(
-            self, table=table, overflowed=self.overflowed | overflowed | (distinct > capacity), count=self.count + count)
+        return self.replace(table=table, overflowed=self.overflowed | overflowed | (distinct > capacity),
+                            count=self.count + count)
 
     def update(self, values: Activations) -> TopKPatterns:
         _check_values(values)
@@ -366,18 +374,20 @@ class TopKPatterns:
         if patterns.shape[1] != self.table.shape[1]:
             raise ValueError(f"patterns have length {patterns.shape[1]}, the table expects {self.table.shape[1]}: "
                              "the layers or their widths differ from those given to empty()")
-        return self._union(patterns, jnp.asarray(patterns.shape[0], jnp.int32), jnp.zeros((), bool))
+        return self._union(patterns, _batch_size(values), jnp.zeros((), bool))
 
     def merge(self, other: TopKPatterns) -> TopKPatterns:
+        check_mergeable(self, other)
         return self._union(other.table, other.count, other.overflowed)
 
-    def compute(self) -> Int[Array, ""]:
-        """The number of distinct top-k patterns seen."""
-        _check_count(self.count, "TKNP")
-        overflowed = _concrete(self.overflowed)
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"tknp"}``: the number of distinct top-k patterns seen."""
+        check_examples_seen(self.count, "TKNP")
+        overflowed = concrete_values(self.overflowed)
         if overflowed is not None and bool(overflowed):
             raise ValueError(f"more than capacity={self.table.shape[0]} distinct patterns; raise the capacity")
-        return jnp.sum(self.table[:, 0] != _EMPTY_ROW)
+        distinct = jnp.sum(self.table[:, 0] != _EMPTY_ROW, dtype=jnp.int32).astype(jnp.float32)
+        return {"tknp": jnp.where(self.overflowed, jnp.nan, distinct)}
 
 
 # --------------------------------------------------------------------------- one-shot
@@ -385,7 +395,7 @@ class TopKPatterns:
 
 def kmnc(values: Activations, bounds: NeuronBounds, k: int = 20) -> Float[Array, ""]:
     """k-multisection neuron coverage of one set of neuron values (see the module docstring)."""
-    return KMultisectionCoverage.empty(bounds, k).update(values).compute()
+    return KMultisectionCoverage.empty(bounds, k).update(values).compute()["kmnc"]
 
 
 def nbc(values: Activations, bounds: NeuronBounds) -> Float[Array, ""]:
@@ -400,7 +410,7 @@ def snac(values: Activations, bounds: NeuronBounds) -> Float[Array, ""]:
 
 def tknc(values: Activations, k: int = 3) -> Float[Array, ""]:
     """Top-k neuron coverage: the fraction of neurons in some input's per-layer top k."""
-    return TopKCoverage.empty(_widths(values), k).update(values).compute()
+    return TopKCoverage.empty(_widths(values), k).update(values).compute()["tknc"]
 
 
 def tknp(values: Activations, k: int = 2) -> Int[Array, ""]:

@@ -4,9 +4,11 @@ al., S&P 2019): ALD_p, ASS and PSD, each averaged over the success set S of the 
 (the examples whose attack succeeded, from :func:`robustjax.metrics.behaviour.attack_success`).
 
 Per-example values are pure functions of (x, x'); the averages over S stream with
-:class:`Ratio`-style accumulators. ``DIRECTIONS`` reads each metric from the model's side:
-a robust model forces larger, more visible perturbations, so higher ALD and PSD and lower
-ASS mean more robust (from the attack's side, the reverse is "better").
+:class:`~robustjax.metrics.accumulator.Ratio` accumulators, whose ``compute()`` gives
+``"ald_0"``, ``"ald_2"``, ``"ald_inf"``, ``"ass"`` and ``"psd"``. ``robustjax.metrics.DIRECTIONS``
+reads each metric from the model's side: a robust model forces larger, more visible
+perturbations, so higher ALD and PSD and lower ASS mean more robust (from the attack's
+side, the reverse is "better").
 
 ``toolkit_compat=True`` reproduces what DIG-Beihang/AISafety computes where it departs from
 the definitions on purpose or by its settings (see each function).
@@ -20,13 +22,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from jax import lax
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from robustjax import checks
-from robustjax.metrics.behaviour import Ratio, divide
-
-DIRECTIONS: dict[str, str] = {"ALD": "higher", "ASS": "lower", "PSD": "higher"}
+from robustjax.metrics.accumulator import Ratio, divide, setting
 
 # SSIM of Wang et al. (IEEE TIP 2004): 11 x 11 Gaussian window, sigma 1.5, K1, K2.
 SSIM_SIGMA = 1.5
@@ -46,18 +47,18 @@ _NO_SUCCESS = "no successful adversarial examples (the success set S is empty)"
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_pair(x, x_adv, success=None, *, min_size: int = 1) -> None:
-    checks.check_images(x, name="x")
-    checks.check_images(x_adv, name="x_adv")
+def _check_pair(x, x_adv, success=None, *, min_size: int = 1) -> tuple[jax.Array, jax.Array]:
+    """Validates a pair of image batches; returns them as float32 (``checks.as_images``)."""
+    x, x_adv = checks.as_images(x, name="x"), checks.as_images(x_adv, name="x_adv")
     if x.shape != x_adv.shape:
         raise ValueError(f"x and x_adv must have the same shape, got {tuple(x.shape)} and {tuple(x_adv.shape)}")
     if min(x.shape[1:3]) < min_size:
         raise ValueError(f"images must be at least {min_size} x {min_size} pixels, got {tuple(x.shape[1:3])}")
-    if success is None:
-        return
-    if not hasattr(success, "shape") or success.shape != (x.shape[0],) or success.dtype != bool:
+    if success is not None and (not hasattr(success, "shape") or success.shape != (x.shape[0],)
+                                or success.dtype != bool):
         got = f"{getattr(success, 'dtype', type(success).__name__)} {tuple(getattr(success, 'shape', ()))}"
         raise ValueError(f"success must be a bool array of shape ({x.shape[0]},), got {got}")
+    return x, x_adv
 
 
 # ----------------------------------------------------------------------------- per example
@@ -71,7 +72,7 @@ class Distortion(NamedTuple):
     linf: jax.Array
 
 
-def _flat(x: jax.Array) -> jax.Array:
+def _flat(x: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
     return x.reshape(x.shape[0], -1)
 
 
@@ -94,7 +95,7 @@ def _distortion(x, x_adv, toolkit_compat):
 
 
 def lp_distortion(
-    x: Float[Array, "b h w c"], x_adv: Float[Array, "b h w c"], *, toolkit_compat: bool = False
+    x: Float[ArrayLike, "b h w c"], x_adv: Float[ArrayLike, "b h w c"], *, toolkit_compat: bool = False
 ) -> Distortion:
     """Per-example ||x' - x||_p / ||x||_p for p in {0, 2, inf} (DEEPSEC's ALD_p terms).
 
@@ -104,8 +105,8 @@ def lp_distortion(
     ``toolkit_compat=True`` (AISafety): L0 counts every nonzero float difference and divides
     by H W C; L2 as above; Linf is not normalised (the [0, 1] scale).
     """
-    _check_pair(x, x_adv)
-    values = checks._concrete(x)
+    x, x_adv = _check_pair(x, x_adv)
+    values = checks.concrete_values(x)
     if values is not None:
         entries = _flat(values) if toolkit_compat else np.round(255 * _flat(values))
         if (blank := np.flatnonzero(~entries.any(axis=-1))).size:
@@ -165,9 +166,15 @@ def _ssim(x, x_adv, window, toolkit_compat):
     return jnp.mean(ssim_map.reshape(b, -1), axis=-1)
 
 
+def _check_window(window) -> None:
+    checks.check_positive_int(window, "window")
+    if window % 2 == 0 or window > 2 * SSIM_RADIUS + 1:
+        raise ValueError(f"window must be odd and at most {2 * SSIM_RADIUS + 1}, got {window}")
+
+
 def structural_similarity(
-    x: Float[Array, "b h w c"],
-    x_adv: Float[Array, "b h w c"],
+    x: Float[ArrayLike, "b h w c"],
+    x_adv: Float[ArrayLike, "b h w c"],
     *,
     window: int = 2 * SSIM_RADIUS + 1,
     toolkit_compat: bool = False,
@@ -190,10 +197,8 @@ def structural_similarity(
     """
     if toolkit_compat:
         window = TOOLKIT_SSIM_WINDOW
-    checks.check_positive_int(window, "window")
-    if window % 2 == 0 or window > 2 * SSIM_RADIUS + 1:
-        raise ValueError(f"window must be odd and at most {2 * SSIM_RADIUS + 1}, got {window}")
-    _check_pair(x, x_adv, min_size=window)
+    _check_window(window)
+    x, x_adv = _check_pair(x, x_adv, min_size=window)
     return _ssim(x, x_adv, int(window), toolkit_compat)
 
 
@@ -208,8 +213,8 @@ def _psd(x, x_adv, eps, toolkit_compat):
 
 
 def perturbation_sensitivity_distance(
-    x: Float[Array, "b h w c"],
-    x_adv: Float[Array, "b h w c"],
+    x: Float[ArrayLike, "b h w c"],
+    x_adv: Float[ArrayLike, "b h w c"],
     *,
     eps: float = PSD_EPS,
     toolkit_compat: bool = False,
@@ -222,7 +227,7 @@ def perturbation_sensitivity_distance(
     ``toolkit_compat=True`` (AISafety's code): sum_j |x'_j - x_j| * std(R(x_j)), which weighs
     flat regions least; ``eps`` is then unused.
     """
-    _check_pair(x, x_adv, min_size=2)
+    x, x_adv = _check_pair(x, x_adv, min_size=2)
     checks.check_positive_float(eps, "eps")
     return _psd(x, x_adv, float(eps), toolkit_compat)
 
@@ -231,87 +236,113 @@ def perturbation_sensitivity_distance(
 
 
 def _masked_sums(values: jax.Array, success: jax.Array) -> tuple[jax.Array, jax.Array]:
-    mask = success.astype(jnp.float32)
-    return jnp.tensordot(mask, values, axes=(0, 0)), jnp.sum(mask)
+    """Sums over the success set of per-example values (B,) or (B, m), and its size."""
+    return jnp.tensordot(success.astype(jnp.float32), values, axes=(0, 0)), jnp.sum(success, dtype=jnp.int32)
 
 
+@struct.dataclass
 class AverageLpDistortion(Ratio):
-    """Streaming ALD_p: numerator (3,) holds the L0, L2, Linf sums over S."""
+    """Streaming ALD_p: ``total`` (3,) holds the L0, L2, Linf sums over S."""
 
+    toolkit_compat: bool = setting()
+
+    total_shape = (3,)
     empty_reason = _NO_SUCCESS
 
     @classmethod
-    def empty(cls) -> AverageLpDistortion:
-        return cls(jnp.zeros((3,), jnp.float32), jnp.zeros((), jnp.float32))
+    def empty(cls, *, toolkit_compat: bool = False) -> AverageLpDistortion:
+        checks.check_bool(toolkit_compat, "toolkit_compat")
+        return super().empty(toolkit_compat=toolkit_compat)
 
-    def update(self, x, x_adv, success, *, toolkit_compat: bool = False) -> AverageLpDistortion:
-        _check_pair(x, x_adv, success)
-        distortion = jnp.stack(lp_distortion(x, x_adv, toolkit_compat=toolkit_compat), axis=-1)
-        return self._add(_masked_sums(distortion, success))
+    def update(self, x, x_adv, success) -> AverageLpDistortion:
+        x, x_adv = _check_pair(x, x_adv, success)
+        distortion = jnp.stack(lp_distortion(x, x_adv, toolkit_compat=self.toolkit_compat), axis=-1)
+        return self.add(*_masked_sums(distortion, success))
 
-    def compute(self) -> Distortion:
-        return Distortion(*divide(self.numerator, self.denominator, "ALD", self.empty_reason))
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"ald_0", "ald_2", "ald_inf"}``."""
+        l0, l2, linf = divide(self.total, self.count, "ALD", self.empty_reason)
+        return {"ald_0": l0, "ald_2": l2, "ald_inf": linf}
 
 
+@struct.dataclass
 class AverageStructuralSimilarity(Ratio):
     """Streaming ASS, see :func:`average_structural_similarity`."""
 
+    window: int = setting()
+    toolkit_compat: bool = setting()
+
+    metric = "ass"
     empty_reason = _NO_SUCCESS
 
-    def update(self, x, x_adv, success, *, window: int = 2 * SSIM_RADIUS + 1, toolkit_compat: bool = False):
-        _check_pair(x, x_adv, success)
-        ssim = structural_similarity(x, x_adv, window=window, toolkit_compat=toolkit_compat)
-        return self._add(_masked_sums(ssim, success))
+    @classmethod
+    def empty(cls, *, window: int = 2 * SSIM_RADIUS + 1, toolkit_compat: bool = False) -> AverageStructuralSimilarity:
+        _check_window(window)
+        checks.check_bool(toolkit_compat, "toolkit_compat")
+        return super().empty(window=window, toolkit_compat=toolkit_compat)
+
+    def update(self, x, x_adv, success) -> AverageStructuralSimilarity:
+        x, x_adv = _check_pair(x, x_adv, success)
+        ssim = structural_similarity(x, x_adv, window=self.window, toolkit_compat=self.toolkit_compat)
+        return self.add(*_masked_sums(ssim, success))
 
 
+@struct.dataclass
 class PerturbationSensitivityDistance(Ratio):
     """Streaming PSD, see :func:`average_perturbation_sensitivity_distance`."""
 
+    eps: float = setting()
+    toolkit_compat: bool = setting()
+
+    metric = "psd"
     empty_reason = _NO_SUCCESS
 
-    def update(self, x, x_adv, success, *, eps: float = PSD_EPS, toolkit_compat: bool = False):
-        _check_pair(x, x_adv, success)
-        values = perturbation_sensitivity_distance(x, x_adv, eps=eps, toolkit_compat=toolkit_compat)
-        return self._add(_masked_sums(values, success))
+    @classmethod
+    def empty(cls, *, eps: float = PSD_EPS, toolkit_compat: bool = False) -> PerturbationSensitivityDistance:
+        checks.check_positive_float(eps, "eps")
+        checks.check_bool(toolkit_compat, "toolkit_compat")
+        return super().empty(eps=float(eps), toolkit_compat=toolkit_compat)
+
+    def update(self, x, x_adv, success) -> PerturbationSensitivityDistance:
+        x, x_adv = _check_pair(x, x_adv, success)
+        values = perturbation_sensitivity_distance(x, x_adv, eps=self.eps, toolkit_compat=self.toolkit_compat)
+        return self.add(*_masked_sums(values, success))
 
 
 def average_lp_distortion(
-    x: Float[Array, "b h w c"],
-    x_adv: Float[Array, "b h w c"],
-    success: Bool[Array, " b"],
+    x: Float[ArrayLike, "b h w c"],
+    x_adv: Float[ArrayLike, "b h w c"],
+    success: Bool[ArrayLike, " b"],
     *,
     toolkit_compat: bool = False,
 ) -> Distortion:
     """ALD_p = (1/|S|) sum_{i in S} ||x'_i - x_i||_p / ||x_i||_p, p in {0, 2, inf}
     (see :func:`lp_distortion`); higher means the model forced larger perturbations."""
-    return AverageLpDistortion.empty().update(x, x_adv, success, toolkit_compat=toolkit_compat).compute()
+    ald = AverageLpDistortion.empty(toolkit_compat=toolkit_compat).update(x, x_adv, success).compute()
+    return Distortion(ald["ald_0"], ald["ald_2"], ald["ald_inf"])
 
 
 def average_structural_similarity(
-    x: Float[Array, "b h w c"],
-    x_adv: Float[Array, "b h w c"],
-    success: Bool[Array, " b"],
+    x: Float[ArrayLike, "b h w c"],
+    x_adv: Float[ArrayLike, "b h w c"],
+    success: Bool[ArrayLike, " b"],
     *,
     window: int = 2 * SSIM_RADIUS + 1,
     toolkit_compat: bool = False,
 ) -> Float[Array, ""]:
     """ASS = (1/|S|) sum_{i in S} SSIM(x'_i, x_i) (see :func:`structural_similarity`);
     lower means the model forced more visible perturbations."""
-    return AverageStructuralSimilarity.empty().update(
-        x, x_adv, success, window=window, toolkit_compat=toolkit_compat
-    ).compute()
+    return AverageStructuralSimilarity.empty(window=window, toolkit_compat=toolkit_compat).update(x, x_adv, success).ratio()
 
 
 def average_perturbation_sensitivity_distance(
-    x: Float[Array, "b h w c"],
-    x_adv: Float[Array, "b h w c"],
-    success: Bool[Array, " b"],
+    x: Float[ArrayLike, "b h w c"],
+    x_adv: Float[ArrayLike, "b h w c"],
+    success: Bool[ArrayLike, " b"],
     *,
     eps: float = PSD_EPS,
     toolkit_compat: bool = False,
 ) -> Float[Array, ""]:
     """PSD = (1/|S|) sum_{i in S} sum_j |x'_ij - x_ij| / (std(R(x_ij)) + eps) (see
     :func:`perturbation_sensitivity_distance`); higher means more visible perturbations."""
-    return PerturbationSensitivityDistance.empty().update(
-        x, x_adv, success, eps=eps, toolkit_compat=toolkit_compat
-    ).compute()
+    return PerturbationSensitivityDistance.empty(eps=eps, toolkit_compat=toolkit_compat).update(x, x_adv, success).ratio()

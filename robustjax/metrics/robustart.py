@@ -22,23 +22,15 @@ Pass them as ``baseline`` once measured, e.g. with the zoo's AlexNet on ImageNet
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Bool, Float
+from flax import struct
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
-from robustjax.checks import check_positive_int
-from robustjax.metrics.calibration import check_flags
-
-DIRECTION: dict[str, str] = {
-    "adversarial_robustness": "higher",
-    "worst_case_adversarial_robustness": "higher",
-    "mean_flip_rate": "lower",
-    "mean_top5_distance": "lower",
-}
-"""Which way each metric is more robust."""
+from robustjax.checks import check_examples_seen, check_flags, check_positive_int, concrete_values
+from robustjax.metrics.accumulator import batch_count, check_mergeable
 
 
 def _check_correctness(clean_correct, adversarial_correct) -> None:
@@ -54,7 +46,8 @@ def _check_correctness(clean_correct, adversarial_correct) -> None:
 
 
 def _check_some_clean_correct(clean_count) -> None:
-    if not isinstance(clean_count, jax.core.Tracer) and int(np.asarray(clean_count)) == 0:
+    values = concrete_values(clean_count)
+    if values is not None and not (values > 0).all():
         raise ValueError("no sample is classified correctly without attack: AR is undefined (0 / 0)")
 
 
@@ -74,7 +67,8 @@ def _counts(clean_correct, adversarial_correct):
 
 
 def adversarial_robustness(
-    clean_correct: Bool[Array, " b"], adversarial_correct: Bool[Array, "*attacks b"]
+    clean_correct: Bool[ArrayLike, " b"] | Int[ArrayLike, " b"],
+    adversarial_correct: Bool[ArrayLike, "*attacks b"] | Int[ArrayLike, "*attacks b"],
 ) -> Float[Array, "*attacks"]:
     """AR: among samples correct without attack, the fraction still correct under attack.
 
@@ -88,7 +82,8 @@ def adversarial_robustness(
 
 
 def worst_case_adversarial_robustness(
-    clean_correct: Bool[Array, " b"], adversarial_correct: Bool[Array, "attacks b"]
+    clean_correct: Bool[ArrayLike, " b"] | Int[ArrayLike, " b"],
+    adversarial_correct: Bool[ArrayLike, "attacks b"] | Int[ArrayLike, "attacks b"],
 ) -> Float[Array, ""]:
     """WCAR: among clean-correct samples, the fraction correct under every attack of the list."""
     _check_correctness(clean_correct, adversarial_correct)
@@ -97,14 +92,17 @@ def worst_case_adversarial_robustness(
     return worst / clean
 
 
-class AdversarialRobustnessStats(NamedTuple):
+@struct.dataclass
+class AdversarialRobustnessStats:
     """Streaming clean accuracy, AR per attack and WCAR: integer counts that add up across
-    batches (``merge``) and devices (``psum`` of the leaves)."""
+    batches (``merge``) and devices (``psum`` of the leaves). ``robust_correct`` and
+    ``worst_case_correct`` count the samples correct both clean and under attack (each
+    attack; every attack), ``count`` all samples."""
 
-    samples: jax.Array
-    clean_correct: jax.Array
-    robust_correct: jax.Array
-    worst_case_correct: jax.Array
+    count: Int[Array, "..."]
+    clean_correct: Int[Array, "..."]
+    robust_correct: Int[Array, "..."]  # (attacks,)
+    worst_case_correct: Int[Array, "..."]
 
     @classmethod
     def empty(cls, num_attacks: int = 1) -> AdversarialRobustnessStats:
@@ -113,7 +111,9 @@ class AdversarialRobustnessStats(NamedTuple):
         return cls(zero, zero, jnp.zeros((num_attacks,), jnp.int32), zero)
 
     def update(
-        self, clean_correct: Bool[Array, " b"], adversarial_correct: Bool[Array, "*attacks b"]
+        self,
+        clean_correct: Bool[ArrayLike, " b"] | Int[ArrayLike, " b"],
+        adversarial_correct: Bool[ArrayLike, "*attacks b"] | Int[ArrayLike, "*attacks b"],
     ) -> AdversarialRobustnessStats:
         """Adds a batch; ``adversarial_correct`` is (B,) for one attack or (attacks, B)."""
         _check_correctness(clean_correct, adversarial_correct)
@@ -121,28 +121,25 @@ class AdversarialRobustnessStats(NamedTuple):
         if attacks != self.robust_correct.shape[0]:
             raise ValueError(f"expected {self.robust_correct.shape[0]} attack(s), got {attacks}")
         clean, robust, worst = _counts(clean_correct, adversarial_correct)
-        return self.merge(AdversarialRobustnessStats(jnp.int32(clean_correct.shape[0]), clean, robust, worst))
+        return self.replace(count=self.count + batch_count(clean_correct), clean_correct=self.clean_correct + clean,
+                            robust_correct=self.robust_correct + robust, worst_case_correct=self.worst_case_correct + worst)
 
     def merge(self, other: AdversarialRobustnessStats) -> AdversarialRobustnessStats:
-        if self.robust_correct.shape != other.robust_correct.shape:
-            raise ValueError(
-                f"cannot merge stats of {self.robust_correct.shape[0]} and {other.robust_correct.shape[0]} attacks"
-            )
+        check_mergeable(self, other)
         return jax.tree.map(jnp.add, self, other)
 
     def compute(self) -> dict[str, jax.Array]:
         """``{"clean_accuracy", "adversarial_robustness" (per attack), "worst_case_adversarial_robustness"}``."""
-        if not isinstance(self.samples, jax.core.Tracer) and int(np.asarray(self.samples)) == 0:
-            raise ValueError("AdversarialRobustnessStats holds no samples; update it first")
+        check_examples_seen(self.count, "AdversarialRobustnessStats")
         _check_some_clean_correct(self.clean_correct)
         return {
-            "clean_accuracy": self.clean_correct / self.samples,
+            "clean_accuracy": self.clean_correct / self.count,
             "adversarial_robustness": self.robust_correct / self.clean_correct,
             "worst_case_adversarial_robustness": self.worst_case_correct / self.clean_correct,
         }
 
 
-def normalized_mean(values: Float[Array, " p"], baseline: Float[Array, " p"] | None = None) -> Float[Array, ""]:
+def normalized_mean(values: Float[ArrayLike, " p"], baseline: Float[ArrayLike, " p"] | None = None) -> Float[Array, ""]:
     """``mean_p values[p] / baseline[p]``, or ``mean_p values[p]`` without a baseline."""
     values = jnp.asarray(values, jnp.float32)
     return jnp.mean(values if baseline is None else values / jnp.asarray(baseline, jnp.float32))
@@ -153,7 +150,7 @@ def _summary(per_perturbation: Mapping[str, ArrayLike], baseline: Mapping[str, f
         raise ValueError(f"{what} must be a non-empty mapping perturbation name -> value, got {per_perturbation!r}")
     names = sorted(per_perturbation)
     values = jnp.stack([jnp.asarray(per_perturbation[n], jnp.float32).reshape(()) for n in names])
-    concrete = None if isinstance(values, jax.core.Tracer) else np.asarray(values)
+    concrete = concrete_values(values)
     if concrete is not None and not (np.isfinite(concrete).all() and (concrete >= 0).all()):
         raise ValueError(f"{what} must be finite and >= 0, got {dict(zip(names, concrete.tolist()))}")
     if baseline is None:

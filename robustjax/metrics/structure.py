@@ -18,65 +18,40 @@
   (a channel's value is its spatial mean, as in :mod:`robustjax.metrics.coverage`). The
   toolkit pools every channel of a layer (a bug) and defines no direction; lower (a more
   stable neuron) is taken as more robust here.
+
+Accumulators (:mod:`robustjax.metrics.accumulator`) compute ``"ebd"``, ``"ebd2"`` and
+``"capped_fraction"``, ``"eni"``, ``"neuron_sensitivity"`` and ``"neuron_uncertainty"`` (the
+per-neuron metrics averaged over every neuron; ``per_neuron()`` gives them per layer).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from jaxtyping import Array, Bool, Float, Int, Key
 
 from robustjax.checks import (
-    _concrete,
+    as_images,
     check_batch,
-    check_images,
-    check_labels,
+    check_bool,
+    check_choice,
+    check_examples_seen,
+    check_layer_widths,
     check_positive_float,
     check_positive_int,
+    concrete_values,
 )
 from robustjax.losses import cross_entropy
+from robustjax.metrics.accumulator import Ratio, batch_count, check_mergeable, setting
+from robustjax.metrics.behaviour import check_logits_and_labels
 from robustjax.metrics.coverage import ConvNeuron, neuron_values
 
-HIGHER_IS_BETTER = {
-    "ebd": True,
-    "ebd2": True,
-    "eni": False,
-    "neuron_sensitivity": False,
-    "neuron_uncertainty": False,
-}
 EBD_MAGNITUDES = tuple(float(m) for m in np.arange(0, 127, 2) / 255)  # the toolkit's grid
-
-
-def _check_count(count, what: str) -> None:
-    concrete = _concrete(count)
-    if concrete is not None and float(concrete) == 0:
-        raise ValueError(f"{what}: no examples seen yet (update it with at least one batch)")
-
-
-class MeanStats(NamedTuple):
-    """Streaming mean of per-example values (EBD_i): a sum and a count."""
-
-    total: Float[Array, ""]
-    count: Float[Array, ""]
-
-    @classmethod
-    def empty(cls) -> MeanStats:
-        return cls(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-
-    def update(self, values: Float[Array, " b"]) -> MeanStats:
-        return self.merge(MeanStats(jnp.sum(values, dtype=jnp.float32), jnp.asarray(values.shape[0], jnp.float32)))
-
-    def merge(self, other: MeanStats) -> MeanStats:
-        return jax.tree.map(jnp.add, self, other)
-
-    def compute(self) -> Float[Array, ""]:
-        _check_count(self.count, "mean")
-        return self.total / self.count
 
 
 # --------------------------------------------------------------------------- EBD
@@ -145,8 +120,20 @@ def boundary_distances(
 
 
 def empirical_boundary_distance(classifier, x, y, *, key, **options) -> Float[Array, ""]:
-    """EBD = mean_i EBD_i over one batch (stream with :class:`MeanStats`)."""
+    """EBD = mean_i EBD_i over one batch (stream with :class:`BoundaryDistanceStats`)."""
     return jnp.mean(boundary_distances(classifier, x, y, key=key, **options))
+
+
+@struct.dataclass
+class BoundaryDistanceStats(Ratio):
+    """Streaming EBD: the mean of the per-image distances of :func:`boundary_distances`."""
+
+    metric = "ebd"
+
+    def update(self, distances: Float[Array, " b"]) -> BoundaryDistanceStats:
+        if not hasattr(distances, "ndim") or distances.ndim != 1 or distances.shape[0] == 0:
+            raise ValueError(f"distances must have shape (B,) with B >= 1, got {getattr(distances, 'shape', distances)!r}")
+        return self.add(jnp.sum(distances, dtype=jnp.float32), batch_count(distances))
 
 
 # --------------------------------------------------------------------------- EBD-2
@@ -196,54 +183,59 @@ def boundary_steps(
     return _boundary_steps(classifier, jnp.asarray(x), jnp.asarray(y), jnp.float32(step_size), max_steps)
 
 
-class BoundaryStepStats(NamedTuple):
-    """Streaming EBD-2: step sums and counts over images that reached the boundary and overall."""
+@struct.dataclass
+class BoundaryStepStats:
+    """Streaming EBD-2: step sums and counts over the images that reached the boundary and
+    over all of them. ``include_capped=False`` drops capped images from the mean, as the
+    toolkit does; ``True`` counts them as ``max_steps`` (a lower bound)."""
 
-    reached_total: Float[Array, ""]
-    reached: Float[Array, ""]
-    total: Float[Array, ""]
-    count: Float[Array, ""]
+    reached_steps: Int[Array, "..."]
+    reached: Int[Array, "..."]
+    steps: Int[Array, "..."]
+    count: Int[Array, "..."]
+    include_capped: bool = setting()
 
     @classmethod
-    def empty(cls) -> BoundaryStepStats:
-        return cls(*(jnp.zeros((), jnp.float32) for _ in range(4)))
+    def empty(cls, *, include_capped: bool = False) -> BoundaryStepStats:
+        check_bool(include_capped, "include_capped")
+        return cls(*(jnp.zeros((), jnp.int32) for _ in range(4)), include_capped)
 
     def update(self, steps: Int[Array, " b"], capped: Bool[Array, " b"]) -> BoundaryStepStats:
         if steps.shape != capped.shape or steps.ndim != 1:
             raise ValueError(f"steps and capped must both have shape (B,), got {steps.shape} and {capped.shape}")
-        steps = steps.astype(jnp.float32)
-        return self.merge(BoundaryStepStats(
-            jnp.sum(jnp.where(capped, 0.0, steps)), jnp.sum(~capped, dtype=jnp.float32),
-            jnp.sum(steps), jnp.asarray(steps.shape[0], jnp.float32)))
+        steps = steps.astype(jnp.int32)
+        return self.replace(
+            reached_steps=self.reached_steps + jnp.sum(jnp.where(capped, 0, steps)),
+            reached=self.reached + jnp.sum(~capped, dtype=jnp.int32),
+            steps=self.steps + jnp.sum(steps),
+            count=self.count + batch_count(steps),
+        )
 
     def merge(self, other: BoundaryStepStats) -> BoundaryStepStats:
+        check_mergeable(self, other)
         return jax.tree.map(jnp.add, self, other)
 
-    def compute(self, *, include_capped: bool = False) -> dict[str, Float[Array, ""]]:
-        """``{"ebd2", "capped_fraction"}``. By default capped images are dropped, as in the
-        toolkit; ``include_capped=True`` counts them as ``max_steps`` (a lower bound)."""
-        _check_count(self.count, "EBD-2")
-        if not include_capped:
-            _check_count(self.reached, "EBD-2 (every image hit max_steps; use include_capped=True)")
-        ebd2 = self.total / self.count if include_capped else self.reached_total / self.reached
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"ebd2", "capped_fraction"}``."""
+        check_examples_seen(self.count, "EBD-2")
+        if not self.include_capped:
+            check_examples_seen(self.reached, "EBD-2 (every image hit max_steps; use include_capped=True)")
+        ebd2 = self.steps / self.count if self.include_capped else self.reached_steps / self.reached
         return {"ebd2": ebd2, "capped_fraction": 1.0 - self.reached / self.count}
 
 
 # --------------------------------------------------------------------------- ENI
 
 
-def _check_pair(x, x_noisy, logits, logits_noisy, y) -> None:
-    check_images(x)
-    check_images(x_noisy, name="x_noisy")
+def _check_pair(x, x_noisy, logits, logits_noisy, y) -> tuple[jax.Array, jax.Array]:
+    """Validates ENI's inputs; returns the images as float32 (``checks.as_images``)."""
+    x, x_noisy = as_images(x), as_images(x_noisy, name="x_noisy")
     if x.shape != x_noisy.shape:
         raise ValueError(f"x and x_noisy must have the same shape, got {x.shape} and {x_noisy.shape}")
-    if logits.ndim != 2 or logits.shape != logits_noisy.shape or logits.shape[0] != x.shape[0]:
-        raise ValueError(f"logits and logits_noisy must both be (B={x.shape[0]}, K), got {logits.shape} and {logits_noisy.shape}")
-    for name, a in (("logits", logits), ("logits_noisy", logits_noisy)):
-        concrete = _concrete(a)
-        if concrete is not None and np.isnan(concrete).any():
-            raise ValueError(f"{name} contain NaN")
-    check_labels(y, num_classes=logits.shape[1], batch_size=x.shape[0])
+    check_logits_and_labels(y, logits=logits, logits_noisy=logits_noisy)
+    if logits.shape[0] != x.shape[0]:
+        raise ValueError(f"logits have {logits.shape[0]} examples, x has {x.shape[0]}")
+    return x, x_noisy
 
 
 def _eni_terms(x, x_noisy, logits, logits_noisy, y):
@@ -261,50 +253,57 @@ def noise_insensitivity(
     y: Int[Array, " b"],
 ) -> Float[Array, " b"]:
     """Per example |CE(x, y) - CE(x', y)| / ||x - x'||_inf (0 where x' = x)."""
-    _check_pair(x, x_noisy, logits, logits_noisy, y)
+    x, x_noisy = _check_pair(x, x_noisy, logits, logits_noisy, y)
     return _eni_terms(x, x_noisy, logits, logits_noisy, y)[0]
 
 
-class NoiseInsensitivityStats(NamedTuple):
-    """Streaming ENI in both forms: ratio sum (canonical), loss sums and the largest L_inf
-    distance (toolkit form), and the count."""
+@struct.dataclass
+class NoiseInsensitivityStats:
+    """Streaming ENI in both forms: the ratio sum (canonical); the loss sums and the largest
+    L_inf distance (the toolkit's form, ``toolkit_compat=True``); the count."""
 
-    ratio_total: Float[Array, ""]
-    clean_loss_total: Float[Array, ""]
-    noisy_loss_total: Float[Array, ""]
-    max_linf: Float[Array, ""]
-    count: Float[Array, ""]
+    ratio_total: Float[Array, "..."]
+    clean_loss_total: Float[Array, "..."]
+    noisy_loss_total: Float[Array, "..."]
+    max_linf: Float[Array, "..."]
+    count: Int[Array, "..."]
+    toolkit_compat: bool = setting()
 
     @classmethod
-    def empty(cls) -> NoiseInsensitivityStats:
-        return cls(*(jnp.zeros((), jnp.float32) for _ in range(5)))
+    def empty(cls, *, toolkit_compat: bool = False) -> NoiseInsensitivityStats:
+        check_bool(toolkit_compat, "toolkit_compat")
+        return cls(*(jnp.zeros((), jnp.float32) for _ in range(4)), jnp.zeros((), jnp.int32), toolkit_compat)
 
     def update(self, x, x_noisy, logits, logits_noisy, y) -> NoiseInsensitivityStats:
-        _check_pair(x, x_noisy, logits, logits_noisy, y)
+        x, x_noisy = _check_pair(x, x_noisy, logits, logits_noisy, y)
         ratio, clean, noisy, linf = _eni_terms(x, x_noisy, logits, logits_noisy, y)
-        return self.merge(NoiseInsensitivityStats(
-            jnp.sum(ratio), jnp.sum(clean), jnp.sum(noisy), jnp.max(linf), jnp.asarray(x.shape[0], jnp.float32)))
+        return self.merge(self.replace(ratio_total=jnp.sum(ratio), clean_loss_total=jnp.sum(clean),
+                                       noisy_loss_total=jnp.sum(noisy), max_linf=jnp.max(linf), count=batch_count(x)))
 
     def merge(self, other: NoiseInsensitivityStats) -> NoiseInsensitivityStats:
-        return NoiseInsensitivityStats(
-            self.ratio_total + other.ratio_total,
-            self.clean_loss_total + other.clean_loss_total,
-            self.noisy_loss_total + other.noisy_loss_total,
-            jnp.maximum(self.max_linf, other.max_linf),
-            self.count + other.count,
+        check_mergeable(self, other)
+        return self.replace(
+            ratio_total=self.ratio_total + other.ratio_total,
+            clean_loss_total=self.clean_loss_total + other.clean_loss_total,
+            noisy_loss_total=self.noisy_loss_total + other.noisy_loss_total,
+            max_linf=jnp.maximum(self.max_linf, other.max_linf),
+            count=self.count + other.count,
         )
 
-    def compute(self, *, toolkit_compat: bool = False) -> Float[Array, ""]:
-        _check_count(self.count, "ENI")
-        if not toolkit_compat:
-            return self.ratio_total / self.count
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"eni"}``."""
+        check_examples_seen(self.count, "ENI")
+        if not self.toolkit_compat:
+            return {"eni": self.ratio_total / self.count}
         gap = jnp.abs(self.clean_loss_total - self.noisy_loss_total)
-        return jnp.where(self.max_linf > 0, gap / (self.count * jnp.where(self.max_linf > 0, self.max_linf, 1.0)), 0.0)
+        linf = jnp.where(self.max_linf > 0, self.max_linf, 1.0)
+        return {"eni": jnp.where(self.max_linf > 0, gap / (self.count * linf), 0.0)}
 
 
 def empirical_noise_insensitivity(x, x_noisy, logits, logits_noisy, y, *, toolkit_compat: bool = False) -> Float[Array, ""]:
     """ENI of one batch (see the module docstring)."""
-    return NoiseInsensitivityStats.empty().update(x, x_noisy, logits, logits_noisy, y).compute(toolkit_compat=toolkit_compat)
+    stats = NoiseInsensitivityStats.empty(toolkit_compat=toolkit_compat)
+    return stats.update(x, x_noisy, logits, logits_noisy, y).compute()["eni"]
 
 
 # --------------------------------------------------------------------------- neurons
@@ -322,32 +321,48 @@ def _check_features(features, features_noisy, layers) -> list[str]:
     return names
 
 
-class NeuronSensitivityStats(NamedTuple):
-    """Streaming neuron sensitivity: per-neuron sums of the mean |F(x) - F(x')| and a count."""
+def _zeros_per_layer(widths: Mapping[str, int]) -> dict[str, jax.Array]:
+    check_layer_widths(widths)
+    return {name: jnp.zeros((width,), jnp.float32) for name, width in widths.items()}
 
-    total: dict[str, Float[Array, " n"]]
-    count: Float[Array, ""]
+
+@struct.dataclass
+class NeuronSensitivityStats:
+    """Streaming neuron sensitivity: per-neuron sums of the mean |F(x) - F(x')| and a count.
+    ``update`` takes the clean and perturbed activations ``{layer: (B, ..., C)}``; neurons are
+    as :func:`~robustjax.metrics.coverage.neuron_values` with ``conv_neuron``."""
+
+    total: dict[str, Float[Array, "..."]]
+    count: Int[Array, "..."]
+    conv_neuron: str = setting()
 
     @classmethod
-    def empty(cls, widths: Mapping[str, int]) -> NeuronSensitivityStats:
-        return cls({name: jnp.zeros((int(width),), jnp.float32) for name, width in widths.items()}, jnp.zeros((), jnp.float32))
+    def empty(cls, widths: Mapping[str, int], *, conv_neuron: ConvNeuron = "channel") -> NeuronSensitivityStats:
+        check_choice(conv_neuron, ("channel", "unit"), "conv_neuron")
+        return cls(_zeros_per_layer(widths), jnp.zeros((), jnp.int32), conv_neuron)
 
-    def update(self, features, features_noisy, *, conv_neuron: ConvNeuron = "channel") -> NeuronSensitivityStats:
+    def update(self, features, features_noisy) -> NeuronSensitivityStats:
         names = _check_features(features, features_noisy, list(self.total))
-        gaps = neuron_values({n: jnp.abs(features[n] - features_noisy[n]) for n in names}, names, conv_neuron=conv_neuron)
+        gaps = neuron_values({n: jnp.abs(features[n] - features_noisy[n]) for n in names}, names,
+                             conv_neuron=self.conv_neuron)
         for name, gap in gaps.items():
             if gap.shape[1] != self.total[name].shape[0]:
                 raise ValueError(f"layer {name!r} has {gap.shape[1]} neurons, expected {self.total[name].shape[0]}")
-        batch = next(iter(gaps.values())).shape[0]
-        return self.merge(NeuronSensitivityStats({n: g.sum(axis=0) for n, g in gaps.items()}, jnp.asarray(batch, jnp.float32)))
+        return self.replace(total={n: self.total[n] + g.sum(axis=0) for n, g in gaps.items()},
+                            count=self.count + batch_count(next(iter(gaps.values()))))
 
     def merge(self, other: NeuronSensitivityStats) -> NeuronSensitivityStats:
+        check_mergeable(self, other)
         return jax.tree.map(jnp.add, self, other)
 
-    def compute(self) -> dict[str, Float[Array, " n"]]:
+    def per_neuron(self) -> dict[str, Float[Array, " n"]]:
         """Per-neuron sensitivity ``{layer: (n,)}``."""
-        _check_count(self.count, "neuron sensitivity")
+        check_examples_seen(self.count, "neuron sensitivity")
         return {name: total / self.count for name, total in self.total.items()}
+
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"neuron_sensitivity"}``: the mean over every neuron."""
+        return {"neuron_sensitivity": mean_over_neurons(self.per_neuron())}
 
 
 def neuron_sensitivity(
@@ -360,20 +375,22 @@ def neuron_sensitivity(
     """Per-neuron sensitivity of one batch of clean and perturbed activations."""
     names = _check_features(features, features_noisy, layers)
     widths = {n: v.shape[1] for n, v in neuron_values({n: features[n] for n in names}, names, conv_neuron=conv_neuron).items()}
-    return NeuronSensitivityStats.empty(widths).update(features, features_noisy, conv_neuron=conv_neuron).compute()
+    stats = NeuronSensitivityStats.empty(widths, conv_neuron=conv_neuron)
+    return stats.update(features, features_noisy).per_neuron()
 
 
-class NeuronUncertaintyStats(NamedTuple):
+@struct.dataclass
+class NeuronUncertaintyStats:
     """Streaming per-neuron variance (Chan et al.'s pairwise update): count, mean, M2."""
 
-    count: Float[Array, ""]
-    mean: dict[str, Float[Array, " n"]]
-    m2: dict[str, Float[Array, " n"]]
+    count: Int[Array, "..."]
+    mean: dict[str, Float[Array, "..."]]
+    m2: dict[str, Float[Array, "..."]]
 
     @classmethod
     def empty(cls, widths: Mapping[str, int]) -> NeuronUncertaintyStats:
-        zeros = {name: jnp.zeros((int(width),), jnp.float32) for name, width in widths.items()}
-        return cls(jnp.zeros((), jnp.float32), zeros, dict(zeros))
+        zeros = _zeros_per_layer(widths)
+        return cls(jnp.zeros((), jnp.int32), zeros, dict(zeros))
 
     def update(self, values: Mapping[str, Float[Array, "b n"]]) -> NeuronUncertaintyStats:
         """``values``: neuron values ``{layer: (B, n)}`` from :func:`neuron_values`."""
@@ -382,31 +399,42 @@ class NeuronUncertaintyStats(NamedTuple):
         for name, a in values.items():
             if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] != self.mean[name].shape[0]:
                 raise ValueError(f"layer {name!r} must be (B>0, {self.mean[name].shape[0]}), got {a.shape}")
-            concrete = _concrete(a)
+            concrete = concrete_values(a)
             if concrete is not None and np.isnan(concrete).any():
                 raise ValueError(f"layer {name!r} values contain NaN")
         mean = {n: a.mean(axis=0) for n, a in values.items()}
         m2 = {n: jnp.sum((a - mean[n]) ** 2, axis=0) for n, a in values.items()}
-        return self.merge(NeuronUncertaintyStats(jnp.asarray(next(iter(values.values())).shape[0], jnp.float32), mean, m2))
+        return self._combine(batch_count(next(iter(values.values()))), mean, m2)
 
     def merge(self, other: NeuronUncertaintyStats) -> NeuronUncertaintyStats:
-        count = self.count + other.count
-        weight = other.count / jnp.maximum(count, 1.0)
-        delta = jax.tree.map(jnp.subtract, other.mean, self.mean)
-        mean = jax.tree.map(lambda m, d: m + d * weight, self.mean, delta)
-        m2 = jax.tree.map(lambda a, b, d: a + b + d**2 * self.count * weight, self.m2, other.m2, delta)
-        return NeuronUncertaintyStats(count, mean, m2)
+        check_mergeable(self, other)
+        return self._combine(other.count, other.mean, other.m2)
 
-    def compute(self) -> dict[str, Float[Array, " n"]]:
+    def _combine(self, count: jax.Array, mean: dict, m2: dict) -> NeuronUncertaintyStats:
+        """Chan et al.'s pairwise combination with another (count, mean, M2)."""
+        total = self.count + count
+        mine, weight = self.count.astype(jnp.float32), count / jnp.maximum(total, 1)
+        delta = jax.tree.map(jnp.subtract, mean, self.mean)
+        return self.replace(
+            count=total,
+            mean=jax.tree.map(lambda m, d: m + d * weight, self.mean, delta),
+            m2=jax.tree.map(lambda a, b, d: a + b + d**2 * mine * weight, self.m2, m2, delta),
+        )
+
+    def per_neuron(self) -> dict[str, Float[Array, " n"]]:
         """Per-neuron population variance ``{layer: (n,)}``."""
-        _check_count(self.count, "neuron uncertainty")
+        check_examples_seen(self.count, "neuron uncertainty")
         return {name: m2 / self.count for name, m2 in self.m2.items()}
+
+    def compute(self) -> dict[str, jax.Array]:
+        """``{"neuron_uncertainty"}``: the mean over every neuron."""
+        return {"neuron_uncertainty": mean_over_neurons(self.per_neuron())}
 
 
 def neuron_uncertainty(values: Mapping[str, Float[Array, "b n"]]) -> dict[str, Float[Array, " n"]]:
     """Per-neuron variance over the batch of neuron values ``{layer: (B, n)}``."""
     widths = {name: a.shape[-1] for name, a in values.items()}
-    return NeuronUncertaintyStats.empty(widths).update(values).compute()
+    return NeuronUncertaintyStats.empty(widths).update(values).per_neuron()
 
 
 def mean_over_neurons(per_neuron: Mapping[str, jax.Array]) -> Float[Array, ""]:

@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from robustjax.checks import check_images
+from robustjax.checks import as_images
 from robustjax.noise.registry import register_corruption
+from robustjax.sharding import auto_axes_over_batch
 
 # ITU-T T.81 Annex K, tables K.1 and K.2 (natural row-major order).
 LUMINANCE_TABLE = np.array([
@@ -247,7 +248,7 @@ def round_trip(x: Float[Array, "b h w c"], quality: int | jax.Array) -> Float[Ar
     return (out.astype(jnp.float32) / 255.0).astype(x.dtype)
 
 
-_round_trip_jit = jax.jit(round_trip)
+_round_trip_jit = jax.jit(lambda x, quality: auto_axes_over_batch(round_trip, x)(x, quality))
 
 
 def jpeg_round_trip(x: Float[Array, "b h w c"], quality: int | jax.Array) -> Float[Array, "b h w c"]:
@@ -263,7 +264,7 @@ def jpeg_round_trip(x: Float[Array, "b h w c"], quality: int | jax.Array) -> Flo
       x: float32 images (B, H, W, C) in [0, 1], C = 1 (luminance only) or 3 (RGB).
       quality: integer JPEG quality, 1 (worst) to 100.
     """
-    check_images(x)
+    x = as_images(x)
     if x.shape[-1] not in (1, 3):
         raise ValueError(f"x must have 1 or 3 channels, got shape {tuple(x.shape)}")
     if isinstance(quality, bool) or not jnp.issubdtype(jnp.result_type(quality), jnp.integer):

@@ -15,6 +15,7 @@ from jax import lax
 from jaxtyping import Array, Float
 
 from robustjax.noise.registry import register_corruption
+from robustjax.sharding import varying_like
 
 
 @register_corruption(
@@ -56,7 +57,7 @@ def _poisson_by_inversion(u: jax.Array, rate: jax.Array) -> jax.Array:
 
     pmf0 = jnp.exp(-rate)
     state = (jnp.zeros((), rate.dtype), pmf0, pmf0, jnp.zeros(rate.shape, jnp.int32))
-    return lax.while_loop(lambda s: searching(s).any(), step, state)[3]
+    return lax.while_loop(lambda s: searching(s).any(), step, varying_like(state, u, rate))[3]
 
 
 def _ptrs_round(uv: jax.Array, rate: jax.Array) -> tuple[jax.Array, jax.Array]:

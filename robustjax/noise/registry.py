@@ -16,15 +16,16 @@ traced argument, so new keys never recompile.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
-from robustjax.checks import check_choice, check_images
+from robustjax.checks import as_images, check_choice
+from robustjax.registry import Registry
+from robustjax.sharding import auto_axes_over_batch
 
 Preset = Literal["imagenet", "cifar"]
 PRESETS: tuple[str, ...] = ("imagenet", "cifar")
@@ -58,7 +59,7 @@ class Corruption:
         return self.constants[preset][severity - 1]
 
 
-_REGISTRY: dict[str, Corruption] = {}
+_CORRUPTIONS: Registry[Corruption] = Registry("corruption")
 
 
 def register_corruption(name: str, *, family: str, imagenet: tuple, cifar: tuple, stochastic: bool):
@@ -66,13 +67,11 @@ def register_corruption(name: str, *, family: str, imagenet: tuple, cifar: tuple
     check_choice(family, FAMILIES, "family")
 
     def decorator(apply: ApplyFn) -> ApplyFn:
-        if name in _REGISTRY:
-            raise ValueError(f"corruption {name!r} is already registered")
         for preset, constants in (("imagenet", imagenet), ("cifar", cifar)):
             if len(constants) != len(SEVERITIES):
                 raise ValueError(f"{name}: {preset} needs {len(SEVERITIES)} severities, got {len(constants)}")
-        _REGISTRY[name] = Corruption(name, family, apply, {"imagenet": tuple(imagenet), "cifar": tuple(cifar)},
-                                     stochastic)
+        constants_by_preset = {"imagenet": tuple(imagenet), "cifar": tuple(cifar)}
+        _CORRUPTIONS.register(name, Corruption(name, family, apply, constants_by_preset, stochastic))
         return apply
 
     return decorator
@@ -82,15 +81,12 @@ def names(family: str | None = None) -> list[str]:
     """Registered corruption names, in registration order, optionally of one family."""
     if family is not None:
         check_choice(family, FAMILIES, "family")
-    return [name for name, c in _REGISTRY.items() if family is None or c.family == family]
+    return [name for name in _CORRUPTIONS if family is None or _CORRUPTIONS[name].family == family]
 
 
 def get(name: str) -> Corruption:
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        raise ValueError(f"unknown corruption {name!r}{hint}; valid names: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    """The corruption registered as ``name``."""
+    return _CORRUPTIONS.get(name)
 
 
 def default_preset(image_shape: tuple[int, ...]) -> str:
@@ -104,7 +100,7 @@ def check_severity(severity) -> None:
 
 
 def corrupt(
-    x: Float[Array, "b h w c"],
+    x: Float[ArrayLike, "b h w c"],
     name: str,
     severity: int,
     key: jax.Array,
@@ -125,7 +121,7 @@ def corrupt(
     """
     get(name)
     check_severity(severity)
-    check_images(x)
+    x = as_images(x)
     if x.shape[-1] not in (1, 3):
         raise ValueError(f"x must have 1 or 3 channels, got shape {tuple(x.shape)}")
     preset = default_preset(tuple(x.shape[1:3])) if preset is None else preset
@@ -144,7 +140,7 @@ def corruption_fn(name: str, severity: int, preset: str) -> Callable[[jax.Array,
     def apply(x: jax.Array, key: jax.Array) -> jax.Array:
         return jax.numpy.clip(corruption.apply(x, constants, key), 0.0, 1.0).astype(x.dtype)
 
-    return apply
+    return lambda x, key: auto_axes_over_batch(apply, x)(x, key)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))

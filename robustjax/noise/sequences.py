@@ -24,7 +24,6 @@ where OpenCV's ``DIST_L2`` with a 5x5 mask is a chamfer approximation of it. Fra
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 from collections.abc import Callable
@@ -33,10 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.ndimage import map_coordinates
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from robustjax.checks import check_choice, check_images
 from robustjax.noise.registry import PRESETS, Preset, default_preset
+from robustjax.registry import unknown_name
+from robustjax.sharding import auto_axes_over_batch
 
 DIFFICULTIES: tuple[int, ...] = (1, 2, 3)
 MIN_SIZE = 8
@@ -137,7 +138,7 @@ def frame_parameters(name: str, *, preset: Preset, length: int | None = None, di
 
 
 def perturbation_sequence(
-    x: Float[Array, "b h w c"],
+    x: Float[ArrayLike, "b h w c"],
     name: str,
     key: jax.Array,
     *,
@@ -161,24 +162,25 @@ def perturbation_sequence(
       length, difficulty, preset); new keys do not recompile.
     """
     preset, length = check_arguments(x, name, key, length, difficulty, preset)
-    return sequence_frames(name, preset, length, difficulty, x, key)
+    return sequence_frames(name, preset, length, difficulty, jnp.asarray(x, jnp.float32), key)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def sequence_frames(name: str, preset: str, length: int, difficulty: int, x: jax.Array, key: jax.Array) -> jax.Array:
     params = frame_parameters(name, preset=preset, length=length, difficulty=difficulty)
     render = functools.partial(_RENDER[name], params=params, preset=preset)
-    frames = jax.vmap(render)(x, jax.random.split(key, x.shape[0]))
-    return jnp.clip(frames, 0.0, 1.0).astype(x.dtype)
+
+    def frames(x, key):
+        return jnp.clip(jax.vmap(render)(x, jax.random.split(key, x.shape[0])), 0.0, 1.0).astype(x.dtype)
+
+    return auto_axes_over_batch(frames, x)(x, key)
 
 
 # ----------------------------------------------------------------------------------- checks
 
 def _check_name(name) -> None:
     if name not in FAMILY:
-        close = difflib.get_close_matches(str(name), list(FAMILY), n=3)
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        raise ValueError(f"unknown perturbation {name!r}{hint}; valid names: {', '.join(FAMILY)}")
+        raise unknown_name("perturbation", name, FAMILY)
 
 
 def check_length(length) -> None:
