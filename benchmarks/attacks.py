@@ -1,12 +1,16 @@
-"""Attack throughput, robustjax against torchattacks, on the digits CNN and a CIFAR ResNet-18.
+"""Attack throughput, robustjax against torchattacks, on the digits CNN, a CIFAR ResNet-18 and
+a user's own plain-JAX CNN.
 
-    python -m benchmarks.attacks [--model digits|resnet18|all] [--batch-size N] [--repeats N]
+    python -m benchmarks.attacks [--model digits|resnet18|user|all] [--batch-size N] [--repeats N]
                                  [--attacks NAME,...] [--out DIR]
 
 Both libraries attack the same images with the same architecture and weights, on the same
 device (the GPU when JAX runs on one). The digits CNN uses its trained weights on digits
 images (batch 256); the ResNet-18 uses random weights on uniform random images labelled
-with its own predictions (batch 128), which is enough for throughput. Iterative attacks run
+with its own predictions (batch 128), which is enough for throughput. The user's model
+(``user_cnn``, batch 128) is a plain-JAX CNN that does not use the zoo's layers, with the
+weights of its torch twin: its convolutions go through ``robustjax.fast_conv`` inside the
+attacks. Iterative attacks run
 every step (no early stop) unless the row name says otherwise. A grid row runs the ``GRID``
 multiples of the model's epsilon: robustjax as one ``sweep`` call, torchattacks as 8 runs;
 an image counts once per whole grid.
@@ -120,7 +124,35 @@ def resnet18_setup(batch_size: int) -> Setup:
     return Setup("resnet18", clf, resnet18_to_torch(clf).to(torch_device()), x, y, {"linf": 8 / 255, "l2": 0.5})
 
 
-SETUPS = {"digits": (digits_setup, 256), "resnet18": (resnet18_setup, 128)}
+def user_cnn(params, x):
+    """A user's own model, not from the zoo: two 3x3 ``lax`` convolutions (16 and 32
+    channels) and a dense head in plain JAX, flattened in torch's channel-first order."""
+    numbers = ("NHWC", "HWIO", "NHWC")
+    h = jax.nn.relu(jax.lax.conv_general_dilated(x, params["k1"], (1, 1), "SAME", dimension_numbers=numbers)
+                    + params["b1"])
+    h = jax.nn.relu(jax.lax.conv_general_dilated(h, params["k2"], (1, 1), "SAME", dimension_numbers=numbers)
+                    + params["b2"])
+    return h.transpose(0, 3, 1, 2).reshape(h.shape[0], -1) @ params["w"] + params["b"]
+
+
+def user_setup(batch_size: int) -> Setup:
+    """:func:`user_cnn` with torch's default initialisation (the twin's weights) on digits
+    images labelled with its own predictions (the model is untrained: throughput only)."""
+    torch.manual_seed(0)
+    twin = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(32 * 8 * 8, 10)).eval()
+    weights = {name: value.detach().numpy() for name, value in twin.state_dict().items()}
+    params = {"k1": weights["0.weight"].transpose(2, 3, 1, 0), "b1": weights["0.bias"],
+              "k2": weights["2.weight"].transpose(2, 3, 1, 0), "b2": weights["2.bias"],
+              "w": weights["5.weight"].T, "b": weights["5.bias"]}
+    clf = rj.Classifier(params=jax.tree.map(jax.numpy.asarray, params), apply_fn=user_cnn, num_classes=10,
+                        input_shape=(8, 8, 1), name="user_cnn")
+    x, _ = rj.data.digits("all").arrays(limit=batch_size)
+    y = np.array(jax.jit(lambda c, images: c(images).argmax(-1))(clf, x), np.int32)  # writable, for torch
+    return Setup("user_cnn", clf, twin.to(torch_device()), x, y, {"linf": 0.1, "l2": 1.0})
+
+
+SETUPS = {"digits": (digits_setup, 256), "resnet18": (resnet18_setup, 128), "user": (user_setup, 128)}
 
 
 def run_ours(attack, epsilons, clf, x, y, key) -> rj.attacks.AttackResult:
@@ -167,7 +199,7 @@ def measure(row: Row, setup: Setup, repeats: int) -> dict:
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=(*SETUPS, "all"), default="all")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: 256 digits, 128 resnet18")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: 256 digits, 128 resnet18 and user")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls after the first (median taken)")
     parser.add_argument("--attacks", default=",".join(r.name for r in ROWS), help="comma-separated rows")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")

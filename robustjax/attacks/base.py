@@ -21,6 +21,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from robustjax.checks import check_batch, check_nonnegative_float, check_positive_int
 from robustjax.classifier import Classifier
+from robustjax.fast_conv import with_fast_convolutions
 from robustjax.losses import attack_margin
 from robustjax.registry import Registry
 from robustjax.sharding import auto_axes_over_batch
@@ -151,7 +152,7 @@ def split_traceable(attack: Attack) -> tuple[Attack, dict[str, jax.Array]]:
 @functools.partial(jax.jit, static_argnums=0)
 def _run(attack: Attack, classifier, x, y, target, key, fields) -> AttackResult:
     attack = with_traced_fields(attack, **fields)
-    run = auto_axes_over_batch(lambda c, x, y, t, k: attack.run(c, x, y, k, t), x)
+    run = auto_axes_over_batch(lambda c, x, y, t, k: attack.run(with_fast_convolutions(c), x, y, k, t), x)
     return run(classifier, x, y, target, key)
 
 
@@ -177,7 +178,7 @@ def _sweep_grid(attack: Attack, restarts: int, classifier, x, y, target, key, gr
     keys = jax.random.split(key, restarts)
 
     def one(eps, restart_key):
-        return with_traced_fields(attack, eps=eps).run(classifier, x, y, restart_key, target)
+        return with_traced_fields(attack, eps=eps).run(with_fast_convolutions(classifier), x, y, restart_key, target)
 
     runs = jax.vmap(lambda eps: jax.vmap(lambda k: one(eps, k))(keys))(grid)  # (eps, restart, batch, ...)
     worst = jnp.argmin(runs.margin, axis=1)  # (eps, batch)

@@ -37,6 +37,7 @@ from robustjax.attacks.base import (
     split_traceable,
     with_traced_fields,
 )
+from robustjax.fast_conv import with_fast_convolutions
 from robustjax.sharding import varying_like
 
 State = Any
@@ -198,7 +199,7 @@ def _take(tree, rows):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _start(attack: Segmented, fields, classifier, x, y, key, target) -> State:
-    return with_traced_fields(attack, **fields).start(classifier, x, y, key, target)
+    return with_traced_fields(attack, **fields).start(with_fast_convolutions(classifier), x, y, key, target)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -210,7 +211,7 @@ def _active(attack: Segmented, fields, state) -> jax.Array:
 def _advance(attack: Segmented, fields, classifier, x, y, target, state) -> tuple[State, jax.Array]:
     """One segment, and which examples are still active after it."""
     attack = with_traced_fields(attack, **fields)
-    state = attack.advance(classifier, x, y, target, state)
+    state = attack.advance(with_fast_convolutions(classifier), x, y, target, state)
     return state, attack.active(state)
 
 
@@ -224,4 +225,4 @@ def _scatter(state, part, rows) -> State:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _finish(attack: Segmented, fields, classifier, x, y, target, state) -> AttackResult:
-    return with_traced_fields(attack, **fields).finish(classifier, x, y, target, state)
+    return with_traced_fields(attack, **fields).finish(with_fast_convolutions(classifier), x, y, target, state)
