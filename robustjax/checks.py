@@ -126,16 +126,17 @@ def _number(value, name: str, traceable: bool) -> float | None:
     raise TypeError(f"{name} must be a number, got {type(value).__name__}")
 
 
-def check_nonnegative_float(value, name: str, *, traceable: bool = False) -> None:
-    """``value`` must be a finite number >= 0 (see :func:`_number` for ``traceable``)."""
+def check_nonnegative_float(value, name: str, *, traceable: bool = False) -> float | None:
+    """``value`` must be a finite number >= 0 (see :func:`_number` for ``traceable``);
+    returns its value (None when traced)."""
     number = _number(value, name, traceable)
     if number is not None and (not math.isfinite(number) or number < 0):
         raise ValueError(f"{name} must be finite and >= 0, got {number!r}")
+    return number
 
 
 def check_positive_float(value, name: str, *, traceable: bool = False) -> None:
-    check_nonnegative_float(value, name, traceable=traceable)
-    if _number(value, name, traceable) == 0:
+    if check_nonnegative_float(value, name, traceable=traceable) == 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
 
 

@@ -61,27 +61,27 @@ class GradientAscent(Segmented):
     """Masked ascent on :meth:`objective` from :meth:`x_start`, moved by :meth:`update`.
 
     Subclasses are dataclasses with the fields ``eps``, ``norm``, ``steps``,
-    ``random_start``, ``early_stop`` and ``unroll``.
+    ``step_size``, ``random_start``, ``early_stop``, ``l1_sparsity`` and ``unroll``.
     """
 
     eps: float | jax.Array
     norm: str
     steps: int
+    step_size: float | jax.Array | None
     random_start: bool
     early_stop: bool
+    l1_sparsity: float
     unroll: int | bool | None
 
     def check_fields(self) -> None:
-        """Validates the fields every subclass shares (``step_size`` and ``l1_sparsity``
-        too, where a subclass has them)."""
+        """Validates the fields every subclass shares."""
         check_nonnegative_float(self.eps, "eps", traceable=True)
         check_choice(self.norm, threat.NORMS, "norm")
         check_positive_int(self.steps, "steps")
-        if getattr(self, "step_size", None) is not None:
+        if self.step_size is not None:
             check_nonnegative_float(self.step_size, "step_size", traceable=True)
         check_unroll(self.unroll)
-        if hasattr(self, "l1_sparsity"):
-            check_in_interval(self.l1_sparsity, "l1_sparsity", 0, 1, closed_high=True)
+        check_in_interval(self.l1_sparsity, "l1_sparsity", 0, 1, closed_high=True)
 
     def x_start(self, key, x) -> jax.Array:
         """The first iterate: uniform in the threat ball with ``random_start``, else ``x``."""
