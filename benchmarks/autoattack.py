@@ -11,12 +11,19 @@ still robust. robustjax is timed twice: called on arrays (the components run on
 the still-robust examples, gathered into batches of a few sizes) and inside ``jax.jit`` (one
 program, every component on the whole batch). A row per epsilon reports images/s, the ratio
 of the first form to torchattacks, compile time and both robust accuracies.
+
+Each component is also timed alone, in both libraries, on the same examples: those still
+robust after robustjax's earlier components (for APGD-T and FAB-T, every one of the 9 target
+classes, each on the examples not yet fooled, as both libraries run them). The row's
+``components`` lists each one's images in, seconds in both libraries, their ratio, and how
+many of those examples each library fooled.
 Results: results/autoattack_MODEL.BACKEND.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -29,6 +36,48 @@ import robustjax as rj
 from benchmarks.attacks import SETUPS
 from benchmarks.common import RESULTS, machine_facts, report, seconds_per_call, synchronized
 from benchmarks.torch_models import to_nchw, to_nhwc
+
+COMPONENTS = ("apgd_ce", "apgd_t", "fab_t", "square")  # the standard version's order, in both libraries
+
+
+@dataclasses.dataclass(frozen=True)
+class OneComponent(rj.attacks.AutoAttack):
+    """One component of the ensemble, run as the ensemble runs it (on the examples still
+    robust, each target class on those not yet fooled)."""
+
+    index: int = 0
+
+    def components(self, num_classes: int):
+        return (super().components(num_classes)[self.index],)
+
+
+def time_components(setup, ensemble: rj.attacks.AutoAttack, peers: list, repeats: int) -> list[dict]:
+    """Each component alone in both libraries on the examples still robust after
+    robustjax's earlier components."""
+    robust = np.argmax(np.asarray(setup.clf(setup.x)), -1) == setup.y
+    device = next(setup.twin.parameters()).device
+    rows = []
+    for index, (name, peer) in enumerate(zip(COMPONENTS, peers, strict=True)):
+        chosen = np.flatnonzero(robust)
+        row = {"component": name, "images": int(chosen.size)}
+        if chosen.size:
+            x, y = setup.x[chosen], setup.y[chosen]
+            ours = OneComponent(**dataclasses.asdict(ensemble), index=index)
+            results = []
+            first, ours_s = seconds_per_call(
+                lambda: results.append(jax.block_until_ready(ours(setup.clf, x, y, key=jax.random.key(index)))),
+                repeats)
+            start = time.perf_counter()
+            adversarial = synchronized(peer(to_nchw(x).to(device), torch.from_numpy(y).long().to(device)))
+            theirs_s = time.perf_counter() - start
+            fooled = np.asarray(results[-1].success)
+            row.update(robustjax_s=ours_s, peer_s=theirs_s, ratio=theirs_s / ours_s,
+                       robustjax_compile_s=max(first - ours_s, 0.0), robustjax_fooled=int(fooled.sum()),
+                       peer_fooled=int(np.sum(np.argmax(setup.clf(to_nhwc(adversarial.cpu())), -1) != y)))
+            robust[chosen[fooled]] = False
+        rows.append(row)
+        print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+    return rows
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -88,6 +137,7 @@ def main() -> None:
             "peer_robust_accuracy": theirs_robust,
         })
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()})
+        rows[-1]["components"] = time_components(setup, ours, theirs._autoattack.attacks, max(args.repeats, 1))
     settings = {"model": setup.clf.name, "batch_size": args.batch_size, "steps": args.steps,
                 "square_queries": args.queries, "version": "standard", "repeats": args.repeats,
                 "peer": "torchattacks", "torch_threads": torch.get_num_threads()}

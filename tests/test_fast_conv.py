@@ -3,6 +3,8 @@ values and gradients identical to XLA's own (robustjax/fast_conv.py)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,9 +28,9 @@ def plain_cnn(params, x):
 
 
 def plain_params():
-    keys = jax.random.split(jax.random.key(0), 4)
+    rng = np.random.default_rng(0)  # numpy: eager jax.random calls compile, seconds on 8 devices
     shapes = {"k1": (3, 3, 1, 8), "k2": (3, 3, 8, 16), "kg": (3, 3, 4, 16), "w": (4 * 4 * 16, 10)}
-    return {name: jax.random.normal(k, shape) * 0.2 for k, (name, shape) in zip(keys, shapes.items())}
+    return {name: jnp.asarray(rng.normal(size=shape) * 0.2, jnp.float32) for name, shape in shapes.items()}
 
 
 class NNXNet(nnx.Module):
@@ -49,15 +51,15 @@ class LinenNet(linen.Module):
         return linen.Dense(10)(h.reshape(h.shape[0], -1))
 
 
-def classifiers():
-    x = jnp.zeros((1, 8, 8, 1))
+@functools.cache
+def classifier(kind: str) -> rj.Classifier:
+    if kind == "lax":
+        return rj.Classifier(params=plain_params(), apply_fn=plain_cnn, num_classes=10, input_shape=(8, 8, 1))
+    if kind == "nnx":
+        return rj.Classifier.from_nnx(NNXNet(nnx.Rngs(0)), num_classes=10, input_shape=(8, 8, 1))
     linen_net = LinenNet()
-    return {
-        "lax": rj.Classifier(params=plain_params(), apply_fn=plain_cnn, num_classes=10, input_shape=(8, 8, 1)),
-        "nnx": rj.Classifier.from_nnx(NNXNet(nnx.Rngs(0)), num_classes=10, input_shape=(8, 8, 1)),
-        "linen": rj.Classifier(params=linen_net.init(jax.random.key(1), x), apply_fn=linen_net.apply,
-                               num_classes=10, input_shape=(8, 8, 1)),
-    }
+    return rj.Classifier(params=linen_net.init(jax.random.key(1), jnp.zeros((1, 8, 8, 1))),
+                         apply_fn=linen_net.apply, num_classes=10, input_shape=(8, 8, 1))
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def images():
 
 @pytest.mark.parametrize("kind", ["lax", "nnx", "linen"])
 def test_values_and_gradients_are_xlas_own(kind, images):
-    clf = classifiers()[kind]
+    clf = classifier(kind)
     fast = with_fast_convolutions(clf)
     assert isinstance(fast.apply_fn, FastInputGradients)
 
@@ -82,7 +84,7 @@ def test_values_and_gradients_are_xlas_own(kind, images):
 
 
 def test_ungrouped_convolutions_are_replaced_and_grouped_ones_kept(images):
-    clf = classifiers()["lax"]
+    clf = classifier("lax")
     jaxpr = jax.make_jaxpr(with_fast_convolutions(clf))(images)
     names = [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns]
     assert names.count("custom_vjp_call") == 2  # the first convolution and the one inside the jit
@@ -90,10 +92,29 @@ def test_ungrouped_convolutions_are_replaced_and_grouped_ones_kept(images):
 
 
 def test_attacks_give_the_same_result_with_the_rewrite(images):
-    clf = classifiers()["lax"]
+    clf = classifier("lax")
     y = jnp.argmax(clf(images), -1)
     attack = rj.attacks.APGD(eps=0.1, steps=5, unroll=False)
     rewritten = attack(clf, images, y, key=jax.random.key(0))
     as_written = jax.jit(lambda c: attack.run(c, images, y, jax.random.key(0), None))(clf)  # bypasses the rewrite
     np.testing.assert_allclose(rewritten.x_adv, as_written.x_adv, atol=1e-6)
     np.testing.assert_array_equal(rewritten.queries, as_written.queries)
+
+
+
+def test_autoattack_components_run_with_the_rewrite(images, monkeypatch):
+    """AutoAttack calls its components' ``run`` directly, on concrete arrays as inside a trace:
+    each component's program must still be traced through the rewrite."""
+    from robustjax import fast_conv
+    from robustjax.attacks.autoattack import _against
+
+    rewritten, replace = [], fast_conv._convolution
+    monkeypatch.setattr(fast_conv, "_convolution", lambda *args: rewritten.append(1) or replace(*args))
+    clf = classifier("linen")
+    y, key = jnp.zeros(len(images), jnp.int32), jax.random.key(0)
+    ensemble = rj.attacks.AutoAttack(eps=0.1, steps=2, target_classes=2, square_queries=4)
+    for attack, restarts, targets in ensemble.components(clf.num_classes):
+        rewritten.clear()
+        target = jnp.ones_like(y) if targets else None
+        jax.make_jaxpr(_against, static_argnums=(0, 1))(attack, restarts, clf, images, y, target, key)
+        assert rewritten, type(attack).__name__

@@ -15,8 +15,9 @@ model (EOT); a :class:`~robustjax.Classifier` is deterministic, so it is not off
 
 Called on concrete arrays, the ensemble runs as the original does: each component (and
 each target class of the targeted ones) only on the examples still robust, gathered into
-batches of a few fixed sizes (the full batch, a quarter of it, a sixteenth, ...) so that
-each component compiles a handful of times at most. Inside a trace (``jax.jit`` of user
+a batch of the next size on compaction's ladder (multiples of a quarter of the batch, then
+halving down to 1: at most twice the examples left, and a handful of compiles per
+component). Inside a trace (``jax.jit`` of user
 code) :meth:`AutoAttack.run` runs instead: one compiled program with static shapes, every
 component on the whole batch, an example's result from the first component that fooled
 it, so compute goes to examples already broken. Either way ``queries`` charges each example
@@ -38,6 +39,7 @@ from robustjax.attacks.compaction import bucket, traced
 from robustjax.attacks.fab import FAB
 from robustjax.attacks.square import Square
 from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int
+from robustjax.fast_conv import with_fast_convolutions
 from robustjax.losses import attack_margin
 
 VERSIONS = ("standard", "plus")
@@ -108,7 +110,7 @@ class AutoAttack(Attack):
                 chosen = np.flatnonzero(robust)
                 if not chosen.size:
                     break
-                rows = np.resize(chosen, bucket(chosen.size, len(labels), factor=4, parts=1))  # repeats fill the bucket
+                rows = np.resize(chosen, bucket(chosen.size, len(labels)))  # repeats fill the bucket
                 goal = None if not targets else ranked[rows, ranked.shape[-1] - 1 - k]
                 result = _stage(attack, restarts, classifier, images[rows], labels[rows], goal, stage_key)
                 success = np.asarray(result.success)[:chosen.size]
@@ -170,6 +172,7 @@ def _with_restarts(attack: Attack, restarts: int, classifier, x, y, target, key)
     """Restarts run in order (vmapped); an example keeps its first successful restart and is
     charged for the restarts up to it."""
     keys = key[None] if restarts == 1 else jax.random.split(key, restarts)  # one run: the attack's own key
+    classifier = with_fast_convolutions(classifier)  # the components' run, not their __call__, is called
     runs = jax.vmap(lambda k: attack.run(classifier, x, y, k, target))(keys)
     return _first_success(runs)
 
