@@ -7,7 +7,9 @@ skip value checks (a traced array has no values to look at).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,21 +23,29 @@ def concrete_values(a) -> np.ndarray | None:
     return np.asarray(a)
 
 
+def check_image_batch(x, *, name: str = "x", channels: int | None = None) -> None:
+    """``x`` must be a floating-point (B, H, W, C) array, with ``channels`` channels when
+    given: the checks that need no values, so they hold for traced arrays as well."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array of images, got {type(x).__name__}")
+    if x.ndim != 4:
+        raise ValueError(f"{name} must be a batch of images (B, H, W, C), got shape {x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        hint = " (divide uint8 images by 255)" if jnp.issubdtype(x.dtype, jnp.integer) else ""
+        raise TypeError(f"{name} must be floating-point images in [0, 1], got dtype {x.dtype}{hint}")
+    if channels is not None and x.shape[-1] != channels:
+        raise ValueError(f"{name} has {x.shape[-1]} channels, the classifier expects {channels}")
+
+
 def check_images(x, *, name: str = "x", input_shape: tuple[int, ...] | None = None) -> None:
     """Images must be floating-point NHWC with values in [0, 1] and no NaN.
 
     Any floating dtype passes (float16, bfloat16, float32, float64); :func:`as_images`
     casts them to float32, the dtype robustjax computes in.
     """
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"{name} must be an array of images, got {type(x).__name__}")
-    if x.ndim != 4:
-        raise ValueError(f"{name} must be a batch of images (B, H, W, C), got shape {x.shape}")
+    check_image_batch(x, name=name)
     if x.shape[0] == 0:
         raise ValueError(f"{name} is an empty batch (shape {x.shape})")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        hint = " (divide uint8 images by 255)" if jnp.issubdtype(x.dtype, jnp.integer) else ""
-        raise TypeError(f"{name} must be floating-point images in [0, 1], got dtype {x.dtype}{hint}")
     if input_shape is not None and tuple(x.shape[1:]) != tuple(input_shape):
         raise ValueError(
             f"{name} has image shape {tuple(x.shape[1:])}, the classifier expects {tuple(input_shape)}"
@@ -93,10 +103,14 @@ def check_batch(classifier, x, y, target=None) -> None:
         )
 
 
+# Counts (steps, queries, sizes) become int32 loop bounds and shapes in the compiled program.
+LARGEST_COUNT = 2**31 - 1
+
+
 def check_positive_int(value, name: str) -> None:
-    """``value`` must be an integer >= 1 (a Python or numpy integer, not an array)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    """``value`` must be an integer from 1 to LARGEST_COUNT (a Python or numpy integer, not an array)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= LARGEST_COUNT:
+        raise ValueError(f"{name} must be an integer >= 1 and <= {LARGEST_COUNT}, got {value!r}")
 
 
 def check_unroll(unroll) -> None:
@@ -126,12 +140,22 @@ def _number(value, name: str, traceable: bool) -> float | None:
     raise TypeError(f"{name} must be a number, got {type(value).__name__}")
 
 
+# Hyperparameters are computed on in float32, whose largest value is 3.4e38: a larger one
+# would overflow to inf in the program (and 0 * inf makes NaN images), and arithmetic on
+# one near that limit (PGD's 2.5 * eps / steps) overflows too. No radius or step needs
+# more: the L1 diameter of the [0, 1] box of a 4096 x 4096 x 3 image is 5e7.
+LARGEST_HYPERPARAMETER = 1e30
+
+
 def check_nonnegative_float(value, name: str, *, traceable: bool = False) -> float | None:
-    """``value`` must be a finite number >= 0 (see :func:`_number` for ``traceable``);
-    returns its value (None when traced)."""
+    """``value`` must be a finite number in [0, LARGEST_HYPERPARAMETER] (see :func:`_number`
+    for ``traceable``); returns its value (None when traced)."""
     number = _number(value, name, traceable)
     if number is not None and (not math.isfinite(number) or number < 0):
         raise ValueError(f"{name} must be finite and >= 0, got {number!r}")
+    if number is not None and number > LARGEST_HYPERPARAMETER:
+        raise ValueError(f"{name} must be at most {LARGEST_HYPERPARAMETER:g} (it is computed on in float32), "
+                         f"got {number!r}")
     return number
 
 
@@ -162,6 +186,16 @@ def check_bool(value, name: str) -> None:
         raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
+def check_key(key, name: str = "key") -> None:
+    """``key`` must be one PRNG key: ``jax.random.key(seed)``, or a legacy uint32 (2,) key."""
+    if not isinstance(key, jax.Array):
+        raise TypeError(f"{name} must be a JAX PRNG key (jax.random.key(seed)), got {type(key).__name__}")
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if not (typed and key.shape == () or key.dtype == jnp.uint32 and key.shape == (2,)):
+        raise TypeError(f"{name} must be one JAX PRNG key (jax.random.key(seed)), got an array of shape "
+                        f"{tuple(key.shape)} and dtype {key.dtype}")
+
+
 def check_flags(flags, name: str, shape: tuple[int, ...] | None = None) -> None:
     """``flags`` must be a boolean (or 0/1 integer) array, of ``shape`` when given, not empty."""
     if not hasattr(flags, "shape") or not hasattr(flags, "dtype"):
@@ -190,3 +224,18 @@ def check_layer_widths(widths) -> None:
         raise ValueError("widths must name at least one layer")
     for name, width in widths.items():
         check_positive_int(width, f"width of layer {name!r}")
+
+
+def read_json_object(path, required: tuple[str, ...] = ()) -> dict:
+    """The JSON object stored at ``path``, holding every key of ``required``; anything else
+    (binary content, invalid JSON, another type, a missing key) is a ValueError naming the file."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{str(path)!r} is not a JSON file: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{str(path)!r} must hold a JSON object, holds {type(value).__name__}")
+    missing = [key for key in required if key not in value]
+    if missing:
+        raise ValueError(f"{str(path)!r} lacks {', '.join(map(repr, missing))}")
+    return value

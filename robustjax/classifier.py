@@ -12,6 +12,7 @@ mean/std normalisation before the network sees them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jaxtyping import Array, ArrayLike, Float
+
+from robustjax.checks import check_image_batch
 
 ApplyFn = Callable[[Any, jax.Array], jax.Array]
 FeaturesFn = Callable[[Any, jax.Array], Mapping[str, jax.Array]]
@@ -92,20 +95,29 @@ class Classifier:
                 or self.num_classes < 2:
             raise ValueError(f"num_classes must be an int >= 2, got {self.num_classes!r}")
         object.__setattr__(self, "num_classes", int(self.num_classes))
-        shape = tuple(self.input_shape)
+        shape = tuple(self.input_shape) if isinstance(self.input_shape, Sequence) else ()
         if len(shape) != 3 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0
                                       for d in shape):
             raise ValueError(f"input_shape must be (H, W, C) positive ints, got {self.input_shape!r}")
         shape = tuple(int(d) for d in shape)
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a string, got {type(self.name).__name__}")
+        if not callable(self.apply_fn):
+            raise TypeError(f"apply_fn must be a function (params, x) -> logits, got {type(self.apply_fn).__name__}")
+        if self.features_fn is not None and not callable(self.features_fn):
+            raise TypeError(f"features_fn must be a function or None, got {type(self.features_fn).__name__}")
         channels = shape[-1]
         for field in ("mean", "std"):
-            value = tuple(float(v) for v in getattr(self, field))
+            try:
+                value = tuple(float(v) for v in getattr(self, field))
+            except (TypeError, ValueError):
+                raise TypeError(f"{field} must be a sequence of numbers, got {getattr(self, field)!r}") from None
             if len(value) not in (1, channels):
                 raise ValueError(
                     f"{field} must have 1 or {channels} (channel) values, got {len(value)}"
                 )
+            if not all(math.isfinite(v) for v in value):
+                raise ValueError(f"{field} must be finite, got {value}")
             object.__setattr__(self, field, value)
         if any(s <= 0 for s in self.std):
             raise ValueError(f"std must be positive, got {self.std}")
@@ -155,13 +167,21 @@ class Classifier:
         return (x - mean) / std
 
     def __call__(self, x: Float[ArrayLike, "b h w c"]) -> Float[Array, "b k"]:
-        """Logits for images ``x`` in [0, 1]."""
+        """Logits for images ``x`` in [0, 1].
+
+        ``x`` must be a float (B, H, W, C) batch with the classifier's channel count; its
+        values are not looked at (a call may be traced), and H and W may differ from
+        ``input_shape`` for networks that take any size.
+        """
+        check_image_batch(x, channels=self.input_shape[-1])
         return self.apply_fn(self.params, self.normalize(x))
 
     def features(self, x: Float[ArrayLike, "b h w c"]) -> dict[str, jax.Array]:
-        """Intermediate activations per layer, for coverage and neuron metrics."""
+        """Intermediate activations per layer, for coverage and neuron metrics (``x`` as
+        in :meth:`__call__`)."""
         if self.features_fn is None:
             raise ValueError(f"classifier {self.name!r} does not expose intermediate activations")
+        check_image_batch(x, channels=self.input_shape[-1])
         return dict(self.features_fn(self.params, self.normalize(x)))
 
     def replace(self, **changes) -> Classifier:

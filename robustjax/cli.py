@@ -1,7 +1,7 @@
 """The ``robustjax`` command line.
 
     robustjax evaluate [--model M] [--dataset D] [--split S] [--plan FILE] [--out DIR]
-                       [--compile-cache DIR]
+                       [--compile-cache DIR] [--fresh]
     robustjax zoo list [PATTERN]
     robustjax zoo card NAME
     robustjax zoo convert NAME CHECKPOINT --out DIR [--num-classes N] [--arch A]
@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
@@ -24,8 +23,9 @@ from robustjax.classifier import Classifier
 from robustjax.cli_nas import add_nas_commands, load_nas_model, parse_arch, space_of_model
 from robustjax.cli_sweep import add_sweep_commands
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE, use_compile_cache
-from robustjax.evaluation import default_plan, evaluate, load_plan
-from robustjax.report import metrics_table, summary_table, write_report
+from robustjax.evaluation import default_plan, evaluate, load_plan, resume
+from robustjax.evaluation.runner import environment, num_evaluated
+from robustjax.report import metrics_table, sanity_table, summary_table, write_report
 
 DEFAULT_MODEL = "digits_cnn"
 DEFAULT_OUT = "robustjax-report"
@@ -64,25 +64,38 @@ def _metric_inputs(plan, args: argparse.Namespace, console: Console) -> tuple[da
 
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
+    """Runs the plan, keeping each finished item in OUT/items (``evaluation.resume``): a
+    rerun into the same folder reuses them, and refuses those of another evaluation unless
+    ``--fresh`` discards them."""
     use_compile_cache(args.compile_cache)
-    calibration = None
-    if args.supernet is not None:
-        calibration = data.load(args.dataset, "train", image_size=args.image_size, data_dir=args.data_dir)
-    classifier = load_model(args.model, args.weights, arch=args.arch, supernet=args.supernet, calibration=calibration)
     dataset = data.load(args.dataset, args.split, image_size=args.image_size, data_dir=args.data_dir)
     plan = load_plan(args.plan) if args.plan else default_plan(dataset.name)
     if args.num_examples is not None:
         plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    folder = resume.check_output_folder(args.out, resume.expected_bytes(plan, num_evaluated(dataset, plan)))
+    calibration = None
+    if args.supernet is not None:
+        calibration = data.load(args.dataset, "train", image_size=args.image_size, data_dir=args.data_dir)
+    classifier = load_model(args.model, args.weights, arch=args.arch, supernet=args.supernet, calibration=calibration)
     profile, reference = _metric_inputs(plan, args, console)
-    out = Path(args.out) / "report.json"
-    console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
-                  f"clean accuracy and {sum(len(run.entries()) for run in plan.runs)} attack run(s)"
-                  f"{'' if plan.metrics is None else ', the 23 metrics'}; report in {out}")
-    report = evaluate(classifier, dataset, plan, profile=profile, reference=reference,
-                      on_update=lambda r: write_report(out, r))
+    out = folder / "report.json"
+    fingerprint = resume.fingerprint(classifier, dataset, plan, environment(), profile=profile, reference=reference)
+    with resume.ItemStore.open(folder / resume.ITEMS_FOLDER, fingerprint, fresh=args.fresh) as store:
+        for leftover in folder.glob(f".{out.name}.*.tmp"):  # of a killed run (the store's lock is ours)
+            leftover.unlink()
+        done = store.names()
+        console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
+                      f"clean accuracy and {sum(len(run.entries()) for run in plan.runs)} attack run(s)"
+                      f"{'' if plan.metrics is None else ', the 23 metrics'}; report in {out}")
+        if done:
+            console.print(f"resuming: {len(done)} finished item(s) in {store.folder} are reused "
+                          "(--fresh starts over)", highlight=False)
+        report = evaluate(classifier, dataset, plan, profile=profile, reference=reference,
+                          on_update=lambda r: write_report(out, r), store=store)
     console.print(summary_table(report))
-    if (table := metrics_table(report)) is not None:
-        console.print(table)
+    for table in (metrics_table(report), sanity_table(report)):
+        if table is not None:
+            console.print(table)
     console.print(f"report written to {out}")
     return 0 if report["status"] == "complete" else 1
 
@@ -126,7 +139,10 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--arch", help="for a NAS model (nas.SPACE): the network, as an id, arch string or subnet name")
     ev.add_argument("--supernet", help="for a NAS model: a folder from `nas train` to take the weights from "
                     "(batch norm recalibrated on 4,096 images of the dataset's train split)")
-    ev.add_argument("--out", default=DEFAULT_OUT, help="output folder for report.json (default: %(default)s)")
+    ev.add_argument("--out", default=DEFAULT_OUT, help="output folder for report.json and items/, the finished "
+                    "items a rerun resumes from (default: %(default)s)")
+    ev.add_argument("--fresh", action="store_true", help="discard the items an earlier run kept in the output "
+                    "folder and start over (needed when the plan, model, data or environment changed)")
     ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
     ev.add_argument("--image-size", type=int, help="resize and centre-crop images to this size")
     ev.add_argument("--data-dir", help="tfds data directory")
@@ -174,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args, console)
     except (ValueError, TypeError, OSError, ImportError) as error:
-        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {error}", highlight=False)  # one line
         return 2
 
 

@@ -39,7 +39,7 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         """The value registered as ``name``; a ValueError suggests close names otherwise."""
-        if name not in self._values:
+        if not isinstance(name, str) or name not in self._values:
             raise unknown_name(self.kind, name, self._values)
         return self._values[name]
 

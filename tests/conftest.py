@@ -13,8 +13,15 @@ os.environ["XLA_FLAGS"] = " ".join(
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 import robustjax as rj  # noqa: E402
+
+# Property-based tests run the same cases on every run (no random seed, no example
+# database); each test sets its own max_examples.
+settings.register_profile("robustjax", derandomize=True, deadline=None, database=None, max_examples=20,
+                          print_blob=True)
+settings.load_profile("robustjax")
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ def test_evaluate_writes_a_valid_report(tmp_path, capsys):
 
 def test_model_from_a_python_function(tmp_path, capsys):
     plan = tmp_path / "plan.toml"
-    plan.write_text('batch_size = 8\nnum_examples = 8\n[[attacks]]\nname = "fgsm"\neps = 0.1\n')
+    plan.write_text('batch_size = 8\nnum_examples = 8\n[[attacks]]\nname = "fgsm"\neps = 0.1\n[sanity]\nenabled = false\n')
     code, _, err = run(capsys, "evaluate", "--model", "tests.helpers:tiny_model", "--plan", str(plan),
                        "--out", str(tmp_path))
     assert code == 0, err
@@ -97,7 +97,7 @@ def test_metrics_on_a_dataset_without_splits_skip_the_neuron_bounds(tmp_path, ca
     x, y = rj.data.digits("test").arrays(limit=16)
     np.savez(tmp_path / "digits.npz", images=x, labels=y)
     plan = tmp_path / "plan.toml"
-    plan.write_text('batch_size = 16\n[metrics]\nattack = { name = "fgsm", eps = 0.2 }\nebd_directions = 4\n'
+    plan.write_text('batch_size = 16\n[sanity]\nenabled = false\n[metrics]\nattack = { name = "fgsm", eps = 0.2 }\nebd_directions = 4\n'
                     'ebd2_step = 0.05\nebd2_max_steps = 5\ncorruptions = ["brightness"]\nseverities = [1]\n'
                     'mce_baseline = "reference"\n')
     code, out, err = run(capsys, "evaluate", "--dataset", str(tmp_path / "digits.npz"), "--plan", str(plan),

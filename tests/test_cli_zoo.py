@@ -57,7 +57,7 @@ def test_convert_then_evaluate_the_converted_weights(tmp_path, capsys, suffix):
 
 def _fgsm_plan(folder):
     plan = folder / "plan.toml"
-    plan.write_text('batch_size = 4\n[[attacks]]\nname = "fgsm"\neps = 0.01\n')
+    plan.write_text('batch_size = 4\n[[attacks]]\nname = "fgsm"\neps = 0.01\n[sanity]\nenabled = false\n')
     return plan
 
 

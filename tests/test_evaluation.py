@@ -7,6 +7,7 @@ import pytest
 import robustjax as rj
 from robustjax.attacks.base import Attack
 from robustjax.evaluation import AttackRun, Plan, evaluate
+from robustjax.evaluation.plan import SanityRun
 from robustjax.report import schema, write_report
 
 
@@ -86,11 +87,12 @@ def test_clean_calibration_matches_the_library_functions(small_report, digits_cl
 
 def test_report_is_handed_over_after_every_section(small_report):
     _, updates = small_report
-    assert updates == [0, 1, 3, 3]
+    assert updates == [0, 1, 3, 3, 3]  # the clean pass, each attack run, the sanity checks, the end
 
 
 def test_a_failing_attack_is_recorded_and_the_plan_goes_on(digits_clf):
-    plan = Plan(runs=(AttackRun(BrokenAttack()), AttackRun(rj.attacks.FGSM(eps=0.1))), batch_size=16, num_examples=16)
+    plan = Plan(runs=(AttackRun(BrokenAttack()), AttackRun(rj.attacks.FGSM(eps=0.1))), batch_size=16, num_examples=16,
+                sanity=SanityRun(enabled=False))
     report = evaluate(digits_clf, rj.data.digits("test"), plan)
     jsonschema.validate(report, schema())
     broken, fgsm = report["attacks"]

@@ -130,7 +130,7 @@ def test_sequence_tables_are_validated():
 
 
 def test_sequence_report(digits_clf):
-    plan = plan_from_dict({"num_examples": 12, "sequences": {"names": ["brightness", "shot_noise"], "length": 4,
+    plan = plan_from_dict({"num_examples": 12, "sanity": {"enabled": False}, "sequences": {"names": ["brightness", "shot_noise"], "length": 4,
                                                              "batch_size": 8}})
     report = evaluate(digits_clf, rj.data.digits("test"), plan)
     jsonschema.validate(report, schema())
@@ -157,7 +157,7 @@ def test_system_noise_tables_are_validated():
 
 
 def test_system_noise_report(digits_clf):
-    plan = plan_from_dict({"num_examples": 30, "batch_size": 16, "system_noise": {
+    plan = plan_from_dict({"num_examples": 30, "batch_size": 16, "sanity": {"enabled": False}, "system_noise": {
         "decoders": ["pil", "opencv"], "resizes": ["pil-nearest", "pil-bicubic", "opencv-area"]}})
     report = evaluate(digits_clf, rj.data.digits("test"), plan)
     jsonschema.validate(report, schema())

@@ -169,7 +169,8 @@ def test_a_population_evaluates_the_same_under_a_callers_explicit_mesh():
     from robustjax.evaluation.plan import plan_from_dict
     from robustjax.evaluation.population import evaluate_population
 
-    plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
+    plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}],
+                           "sanity": {"enabled": False}})
     supernet = rj.nas.models.embedded_supernet("nb201_digits")
     archs = [supernet.space.config(i) for i in (3, 700)]
     digits = rj.data.load("digits", split="test")
@@ -306,7 +307,8 @@ def test_the_installed_command_finds_a_module_in_the_working_folder(tmp_path):
         def my_model():
             return rj.zoo.load("digits_mlp")
     """))
-    (tmp_path / "plan.toml").write_text('num_examples = 16\nbatch_size = 16\n[[attacks]]\nname = "fgsm"\neps = 0.1\n')
+    (tmp_path / "plan.toml").write_text('num_examples = 16\nbatch_size = 16\n[[attacks]]\nname = "fgsm"\neps = 0.1\n'
+                                        '[sanity]\nenabled = false\n')
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([command, "evaluate", "--model", "mymodels:my_model", "--plan", "plan.toml",
                            "--out", "report"], cwd=tmp_path, env=env, capture_output=True, text=True,

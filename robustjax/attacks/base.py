@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
-from robustjax.checks import check_batch, check_nonnegative_float, check_positive_int
+from robustjax.checks import check_batch, check_key, check_nonnegative_float, check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.fast_conv import with_fast_convolutions
 from robustjax.losses import attack_margin
@@ -77,8 +77,7 @@ class Attack(abc.ABC):
             raise ValueError(f"attack {self.name!r} has no targeted mode")
         if key is None:
             raise TypeError(f"attack {self.name!r} needs a PRNG key: call it with key=jax.random.key(seed)")
-        if not isinstance(key, jax.Array):
-            raise TypeError(f"key must be a jax PRNG key (jax.random.key(seed)), got {type(key).__name__}")
+        check_key(key)
 
     def sweep(
         self,

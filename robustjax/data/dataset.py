@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from robustjax.checks import check_images, check_labels
+from robustjax.checks import check_images, check_labels, check_positive_int
 
 Reader = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -42,8 +42,7 @@ class ImageDataset:
         self, batch_size: int, *, limit: int | None = None
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yields ``(images, labels)`` in order; the last batch may be smaller."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_positive_int(batch_size, "batch_size")
         total = self.num_examples if limit is None else min(limit, self.num_examples)
         for start in range(0, total, batch_size):
             indices = np.arange(start, min(start + batch_size, total))
@@ -61,14 +60,12 @@ class ImageDataset:
     def _validated(self, images, labels) -> tuple[np.ndarray, np.ndarray]:
         images = to_unit_float(images, source=f"dataset {self.name!r}")
         labels = np.asarray(labels)
-        if np.issubdtype(labels.dtype, np.integer):
-            labels = labels.astype(np.int32)
         try:
             check_images(images, name="images", input_shape=self.image_shape)
             check_labels(labels, num_classes=self.num_classes, batch_size=images.shape[0], name="labels")
         except (TypeError, ValueError) as error:
             raise type(error)(f"dataset {self.name!r}: {error}") from None
-        return images, labels
+        return images, labels.astype(np.int32)  # in range, so the cast keeps every label
 
 
 def from_arrays(
@@ -94,11 +91,14 @@ def from_arrays(
             f"{name}: labels must have shape ({images.shape[0]},) to match the images, got {labels.shape}"
         )
     if images.shape[0] == 0:
-        raise ValueError(f"{name}: the dataset is empty")
+        raise ValueError(f"{name}: the dataset is empty (images of shape {images.shape})")
     if not np.issubdtype(labels.dtype, np.integer):
         raise TypeError(f"{name}: labels must be integers, got dtype {labels.dtype}")
     if num_classes is None:
-        num_classes = int(labels.max()) + 1
+        num_classes = max(int(labels.max()) + 1, 1)  # negative labels fail their own check below
+    check_positive_int(num_classes, f"{name}: num_classes")
+    if (largest := int(labels.max())) >= num_classes:
+        raise ValueError(f"{name}: labels go up to {largest}, beyond num_classes={num_classes}")
     dataset = ImageDataset(
         name=name,
         num_examples=int(images.shape[0]),

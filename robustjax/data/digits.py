@@ -22,7 +22,7 @@ GREY_LEVELS = 16
 
 @functools.cache
 def _load_file() -> dict[str, np.ndarray]:
-    with resources.files("robustjax.data").joinpath("digits.npz").open("rb") as f, np.load(f) as npz:
+    with resources.files("robustjax.data").joinpath("digits.npz").open("rb") as f, np.load(f, allow_pickle=False) as npz:
         return {key: npz[key] for key in npz.files}
 
 

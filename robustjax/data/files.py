@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -23,18 +24,17 @@ def from_npz(path: str | Path, *, num_classes: int | None = None) -> ImageDatase
     if not path.is_file():
         raise ValueError(f"no .npz file at {str(path)!r}")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            keys = set(npz.files)
-            for image_key, label_key in NPZ_KEYS:
-                if {image_key, label_key} <= keys:
-                    images, labels = npz[image_key], npz[label_key]
-                    break
-            else:
-                raise ValueError(
-                    f"{path}: expected arrays named 'images' and 'labels' (or 'x' and 'y'), found {sorted(keys)}"
-                )
-    except (OSError, EOFError) as error:
-        raise ValueError(f"{path} is not a readable .npz file: {error}") from None
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one array, not an archive of named arrays")
+        with loaded as npz:
+            keys = next((pair for pair in NPZ_KEYS if set(pair) <= set(npz.files)), None)
+            found = sorted(npz.files)
+            images, labels = (npz[key] for key in keys) if keys else (None, None)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:  # ValueError: pickled data, refused
+        raise ValueError(f"{path} is not a readable .npz file of arrays: {error}") from None
+    if keys is None:
+        raise ValueError(f"{path}: expected arrays named 'images' and 'labels' (or 'x' and 'y'), found {found}")
     return from_arrays(images, labels, name=path.name, num_classes=num_classes)
 
 

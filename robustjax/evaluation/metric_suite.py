@@ -128,7 +128,7 @@ def _empty_state(run: MetricsRun, static: _Static, widths: dict[str, int], bound
         "ASR": behaviour.AttackSuccessRate.empty(), "ACAC": behaviour.AdversarialClassConfidence.empty(),
         "ACTC": behaviour.TrueClassConfidence.empty(), "NTE": behaviour.NoiseToleranceEstimation.empty(),
         "RGB": behaviour.TransformSurvival.empty(**compat), "RIC": behaviour.TransformSurvival.empty(**compat),
-        "ALD": imperceptibility.AverageLpDistortion.empty(**compat),
+        "ALD": imperceptibility.AverageLpDistortion.empty(l0_denominator=run.ald_l0_denominator, **compat),
         "ASS": imperceptibility.AverageStructuralSimilarity.empty(window=ssim_window, **compat),
         "PSD": imperceptibility.PerturbationSensitivityDistance.empty(**compat),
         "TKNC": coverage.TopKCoverage.empty(widths, run.tknc_k),
@@ -274,7 +274,9 @@ def _settings(run: MetricsRun, layers: dict[str, int], profile: ImageDataset | N
     return {
         "KMNC": {**neurons, **bounds, "k": run.kmnc_sections}, "NBC": {**neurons, **bounds},
         "SNAC": {**neurons, **bounds}, "TKNC": {**neurons, "k": run.tknc_k}, "TKNP": {**neurons, "k": run.tknp_k},
-        "ALD_0": over_success, "ALD_2": over_success, "ALD_inf": over_success,
+        "ALD_0": {**over_success, "l0_denominator": imperceptibility.resolve_l0_denominator(
+            run.ald_l0_denominator, run.toolkit_compat)},
+        "ALD_2": over_success, "ALD_inf": over_success,
         "ASS": {**over_success, "window": ssim_window}, "PSD": {**over_success, "eps": imperceptibility.PSD_EPS},
         "CA": {}, "AAW": {"attack": attack},
         "AAB": {"attack": attack, "source": None if reference is None else reference.name},

@@ -35,7 +35,12 @@ A plan file is TOML or JSON::
     profile_split = "train"   # the split neuron bounds are profiled on
     # also: layers, conv_neuron, kmnc_sections, tknc_k, tknp_k, tknp_capacity, ebd_directions,
     # ebd2_step, ebd2_max_steps, rgb_sigma, ric_quality, corruptions, severities, preset,
-    # mce_baseline ("reference" or "alexnet"), toolkit_compat (see MetricsRun)
+    # mce_baseline ("reference" or "alexnet"), toolkit_compat, ald_l0_denominator (see MetricsRun)
+
+    [sanity]                  # optional: checks against gradient masking (evaluation.sanity)
+    enabled = true            # default: every evaluation runs them
+    num_examples = 32         # correctly classified examples the model-based checks use
+    # also: steps, restarts, eps, grid (see SanityRun)
 
 Every attack config is built (and so validated) when the plan is read, before anything
 runs, so a malformed plan fails at once with a message naming the bad entry.
@@ -53,8 +58,11 @@ from robustjax import attacks, noise
 from robustjax.attacks.base import Attack
 from robustjax.checks import check_choice, check_positive_int
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
+from robustjax.metrics.imperceptibility import L0_DENOMINATORS
+from robustjax.registry import unknown_name
 
-PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences", "system_noise", "metrics"}
+PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences", "system_noise", "metrics",
+             "sanity"}
 CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
 SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
 SYSTEM_NOISE_KEYS = {"decoders", "resizes", "quality"}
@@ -135,6 +143,9 @@ class MetricsRun:
     CSR, CCV and COS. ``layers``: the layers whose neurons count (None: every layer the
     classifier exposes but its logits). ``ebd_directions``: None takes min(1000, pixels).
     ``corruptions`` for mCE: a name set of ``CORRUPTION_SETS`` or a list.
+    ``ald_l0_denominator``: ALD_0's ``"nonzero"`` (||x||_0, the definition) or ``"size"``
+    (C H W, the AISafety and DEEPSEC code); None follows ``toolkit_compat``
+    (``metrics.imperceptibility.lp_distortion``).
     """
 
     attack: Attack
@@ -156,12 +167,57 @@ class MetricsRun:
     preset: str | None = None
     mce_baseline: str = "reference"
     toolkit_compat: bool = False
+    ald_l0_denominator: str | None = None
 
     def as_dict(self) -> dict:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "attack"}
         return {"attack": {"name": self.attack.name, **self.attack.params()}, **fields,
                 "layers": None if self.layers is None else list(self.layers),
                 "corruptions": list(self.corruptions), "severities": list(self.severities)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SanityRun:
+    """Settings of the checks against gradient masking (``evaluation.sanity``).
+
+    The model-based checks run on the first ``num_examples`` correctly classified
+    examples: PGD (Linf) with ``steps`` steps, ``restarts`` random restarts at ``eps``, and
+    the loss along the gradient sign at ``grid`` step sizes up to ``eps``. ``eps`` None: the
+    largest Linf epsilon of the plan's attacks, or 8/255 when it has none.
+    """
+
+    enabled: bool = True
+    num_examples: int = 32
+    steps: int = 10
+    restarts: int = 4
+    eps: float | None = None
+    grid: int = 8
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"plan: sanity.enabled must be true or false, got {self.enabled!r}")
+        for key in ("num_examples", "steps", "restarts", "grid"):
+            check_positive_int(getattr(self, key), f"plan: sanity.{key}")
+        for key, why in (("restarts", "later restarts are compared with earlier ones"),
+                         ("grid", "the loss's steps are compared with each other")):
+            if getattr(self, key) < 2:
+                raise ValueError(f"plan: sanity.{key} must be >= 2 ({why}), got {getattr(self, key)!r}")
+        if self.eps is not None and (isinstance(self.eps, bool) or not isinstance(self.eps, int | float)
+                                     or not 0 < self.eps <= 1):
+            raise ValueError(f"plan: sanity.eps must be a number in (0, 1], got {self.eps!r}")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _sanity_run(raw) -> SanityRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'sanity' must be a table, got {raw!r}")
+    allowed = [f.name for f in dataclasses.fields(SanityRun)]
+    for key in raw:
+        if key not in allowed:
+            raise ValueError(f"plan: {unknown_name('sanity key', key, allowed)}")
+    return SanityRun(**raw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +229,7 @@ class Plan:
     sequences: SequenceRun | None = None
     system_noise: SystemNoiseRun | None = None
     metrics: MetricsRun | None = None
+    sanity: SanityRun = SanityRun()
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
@@ -194,6 +251,7 @@ class Plan:
             "sequences": None if self.sequences is None else self.sequences.as_dict(),
             "system_noise": None if self.system_noise is None else self.system_noise.as_dict(),
             "metrics": None if self.metrics is None else self.metrics.as_dict(),
+            "sanity": self.sanity.as_dict(),
         }
 
 
@@ -300,13 +358,16 @@ def _check_metrics_settings(run: MetricsRun) -> None:
     for key, value in (("reference", run.reference), ("profile_split", run.profile_split)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"plan: metrics.{key} must be a string, got {value!r}")
-    if run.layers is not None and (not run.layers or not all(isinstance(name, str) for name in run.layers)):
-        raise ValueError(f"plan: metrics.layers must be a non-empty list of layer names, got {list(run.layers)!r}")
+    if run.layers is not None and (not isinstance(run.layers, tuple) or not run.layers
+                                   or not all(isinstance(name, str) for name in run.layers)):
+        raise ValueError(f"plan: metrics.layers must be a non-empty list of layer names, got {run.layers!r}")
     if not isinstance(run.toolkit_compat, bool):
         raise ValueError(f"plan: metrics.toolkit_compat must be true or false, got {run.toolkit_compat!r}")
     try:
         check_choice(run.conv_neuron, ("channel", "unit"), "metrics.conv_neuron")
         check_choice(run.mce_baseline, ("reference", *BASELINES), "metrics.mce_baseline")
+        if run.ald_l0_denominator is not None:
+            check_choice(run.ald_l0_denominator, L0_DENOMINATORS, "metrics.ald_l0_denominator")
     except ValueError as error:
         raise ValueError(f"plan: {error}") from None
     if run.mce_baseline != "reference":
@@ -372,6 +433,8 @@ def plan_from_dict(raw: dict) -> Plan:
     system_noise = _system_noise_run(raw["system_noise"]) if "system_noise" in raw else None
     metrics = _metrics_run(raw["metrics"]) if "metrics" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed") if key in raw}
+    if "sanity" in raw:
+        settings["sanity"] = _sanity_run(raw["sanity"])
     return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, metrics=metrics,
                 **settings)
 
@@ -386,7 +449,10 @@ def load_plan(spec: str | Path) -> Plan:
     """Reads a ``.toml`` or ``.json`` plan file, or a built-in plan by name (``whitebox``)."""
     path = Path(spec)
     if path.is_file():
-        text, source, is_json = path.read_text(), str(path), path.suffix == ".json"
+        try:
+            text, source, is_json = path.read_text(encoding="utf-8"), str(path), path.suffix == ".json"
+        except UnicodeDecodeError as error:
+            raise ValueError(f"plan {path}: not a UTF-8 text file ({error})") from None
     elif str(spec) in builtin_plans():
         text = resources.files("robustjax.evaluation").joinpath("plans", f"{spec}.toml").read_text()
         source, is_json = f"built-in plan {spec!r}", False

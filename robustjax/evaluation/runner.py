@@ -5,12 +5,21 @@ and sharded over all local devices along the batch axis; padded examples are mas
 of every count. After the clean pass and after each attack, ``on_update`` receives the
 report so far, so a failure later in the plan never loses what was already measured; an
 attack that fails is recorded as failed with its error and the plan goes on.
+
+With a ``store`` (``evaluation.resume``) each item is kept as it finishes (the clean pass,
+each attack entry, each corruption and sequence perturbation, the system noise, the
+metrics), and an item already there is read back instead of run, so a rerun after a crash
+ends with the report an uninterrupted run gives. Randomness comes only from the plan's
+seed, folded per item and batch as :func:`randomness` records in the report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
+import importlib.metadata
+import os
 import platform
 from collections.abc import Callable
 
@@ -23,7 +32,7 @@ from robustjax import metrics, noise
 from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
-from robustjax.evaluation import metric_suite
+from robustjax.evaluation import metric_suite, sanity
 from robustjax.evaluation.items import jpeg_bytes
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import (
@@ -34,11 +43,14 @@ from robustjax.evaluation.plan import (
     SequenceRun,
     SystemNoiseRun,
 )
-from robustjax.evaluation.timing import timed
+from robustjax.evaluation.resume import Finished, ItemStore, run_item
+from robustjax.evaluation.timing import Timing, timed
 from robustjax.zoo.registry import count_params
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 NORMS = ("linf", "l2", "l1", "l0")
+# Installed distributions whose version can change a figure (model code, numerics, decoders).
+VERSIONED = ("jaxlib", "flax", "numpy", "optax", "pillow", "opencv-python-headless", "opencv-python", "av")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -84,6 +96,11 @@ def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, par
         "timing": timing.as_dict(len(correct)),
     }
     return section, correct
+
+
+def _clean_item(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel) -> Finished:
+    section, correct = clean_section(classifier, dataset, plan, parallel)
+    return Finished(section, {"correct": correct})
 
 
 def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel):
@@ -172,38 +189,63 @@ def worst_case_section(attacks: list[tuple[dict, np.ndarray]], clean_correct: np
     return entries
 
 
+def _corruption_item(name: str, index: int, preset: str, run: CorruptionRun, classifier: Classifier,
+                     dataset: ImageDataset, plan: Plan, parallel: DataParallel) -> Finished:
+    """Accuracy under corruption ``name`` (position ``index`` in the plan) at every severity."""
+    seed_key = jax.random.key(plan.seed)
+    with timed() as timing:
+        accuracies = []
+        for severity in run.severities:
+            key = jax.random.fold_in(jax.random.fold_in(seed_key, index), severity)
+            correct = [
+                (np.asarray(_predict_corrupted(name, severity, preset, classifier, x,
+                                               jax.random.fold_in(key, batch))) == np.asarray(y))[mask]
+                for batch, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples))
+            ]
+            accuracies.append(float(np.concatenate(correct).mean()))
+    family = noise.get(name).family
+    results = [{"name": name, "family": family, "severity": severity, "accuracy": accuracy, "error": 1.0 - accuracy}
+               for severity, accuracy in zip(run.severities, accuracies)]
+    return Finished({"results": results, "seconds": dataclasses.asdict(timing)})
+
+
+def _named_items(store: ItemStore | None, kind: str, names: tuple[str, ...], section: dict,
+                 on_progress: Callable[[dict], None], compute: Callable[[int, str], Finished]) -> list[dict]:
+    """Runs one item per name, ``{kind}-{index}-{name}``, adding its ``results`` to
+    ``section``, or its error to ``section["failed"]`` when it raises (the other names still
+    run); ``on_progress`` receives the section after each. Returns the items' ``seconds``."""
+    seconds = []
+    for index, name in enumerate(names):
+        try:
+            finished = run_item(store, f"{kind}-{index}-{name}", lambda: compute(index, name))
+        except Exception as error:  # recorded in the report; the other names still run
+            section["failed"].append({"name": name, "error": f"{type(error).__name__}: {error}"})
+        else:
+            section["results"].extend(finished.section["results"])
+            seconds.append(finished.section["seconds"])
+        on_progress(section)
+    return seconds
+
+
+def _total(seconds: list[dict]) -> Timing:
+    """The timing of a section from the ``seconds`` of its items."""
+    return Timing(sum(s["wall_s"] for s in seconds), sum(s["compile_s"] for s in seconds))
+
+
 def corruption_section(
     run: CorruptionRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-    clean_accuracy: float, on_progress: Callable[[dict], None],
+    clean_accuracy: float, on_progress: Callable[[dict], None], store: ItemStore | None = None,
 ) -> dict:
     """Accuracy under every corruption and severity, and the corruption errors (mCE and
     relative mCE when the run names a baseline). ``on_progress`` receives the section after
-    each corruption; a corruption that fails is recorded and the others still run."""
+    each corruption (one item of ``store``); a corruption that fails is recorded and the
+    others still run."""
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
-    seed_key = jax.random.key(plan.seed)
-    with timed() as timing:
-        for index, name in enumerate(run.names):
-            try:
-                accuracies = []
-                for severity in run.severities:
-                    key = jax.random.fold_in(jax.random.fold_in(seed_key, index), severity)
-                    correct = [
-                        (np.asarray(_predict_corrupted(name, severity, preset, classifier, x,
-                                                       jax.random.fold_in(key, batch))) == np.asarray(y))[mask]
-                        for batch, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples))
-                    ]
-                    accuracies.append(float(np.concatenate(correct).mean()))
-            except Exception as error:  # recorded in the report; the other corruptions still run
-                section["failed"].append({"name": name, "error": f"{type(error).__name__}: {error}"})
-            else:
-                family = noise.get(name).family
-                section["results"].extend({"name": name, "family": family, "severity": severity,
-                                           "accuracy": accuracy, "error": 1.0 - accuracy}
-                                          for severity, accuracy in zip(run.severities, accuracies))
-            on_progress(section)
+    seconds = _named_items(store, "corruption", run.names, section, on_progress, lambda index, name: _corruption_item(
+        name, index, preset, run, classifier, dataset, plan, parallel))
     section.update(corruption_summary(section["results"], run, 1.0 - clean_accuracy))
-    section["timing"] = timing.as_dict(len(section["results"]) * num_evaluated(dataset, plan))
+    section["timing"] = _total(seconds).as_dict(len(section["results"]) * num_evaluated(dataset, plan))
     section["status"] = "ok" if not section["failed"] else "incomplete"
     return section
 
@@ -230,37 +272,41 @@ def corruption_summary(results: list[dict], run: CorruptionRun, clean_error: flo
     return summary
 
 
+def _sequence_item(name: str, index: int, preset: str, run: SequenceRun, classifier: Classifier,
+                   dataset: ImageDataset, plan: Plan, parallel: DataParallel) -> Finished:
+    """Flip probability and top-5 distance of perturbation ``name`` (position ``index``)."""
+    seed_key = jax.random.key(plan.seed)
+    flips, top5 = [], []
+    with timed() as timing:
+        for batch, (x, _, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
+            key = jax.random.fold_in(jax.random.fold_in(seed_key, index), batch)
+            out = noise.evaluate_sequences(classifier, x, name, key, length=run.length,
+                                           difficulty=run.difficulty, preset=preset)
+            flips.append(np.asarray(out["flip_rate_per_sequence"])[mask])
+            top5.append(np.asarray(out["top5_distance_per_sequence"])[mask])
+    result = {"name": name, "family": noise.sequences.FAMILY[name],
+              "flip_probability": float(np.concatenate(flips).mean()),
+              "top5_distance": float(np.concatenate(top5).mean())}
+    return Finished({"results": [result], "seconds": dataclasses.asdict(timing)})
+
+
 def sequence_section(
     run: SequenceRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, on_progress: Callable[[dict], None],
+    store: ItemStore | None = None,
 ) -> dict:
     """Flip probability and top-5 distance per perturbation (Hendrycks & Dietterich 2019,
-    ImageNet-P), averaged over sequences; ``on_progress`` receives the section after each one."""
+    ImageNet-P), averaged over sequences; ``on_progress`` receives the section after each one
+    (one item of ``store``)."""
     parallel = DataParallel(run.batch_size)
     classifier = parallel.replicate(classifier)
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
-    seed_key = jax.random.key(plan.seed)
-    with timed() as timing:
-        for index, name in enumerate(run.names):
-            try:
-                flips, top5 = [], []
-                for batch, (x, _, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
-                    key = jax.random.fold_in(jax.random.fold_in(seed_key, index), batch)
-                    out = noise.evaluate_sequences(classifier, x, name, key, length=run.length,
-                                                   difficulty=run.difficulty, preset=preset)
-                    flips.append(np.asarray(out["flip_rate_per_sequence"])[mask])
-                    top5.append(np.asarray(out["top5_distance_per_sequence"])[mask])
-            except Exception as error:  # recorded in the report; the other perturbations still run
-                section["failed"].append({"name": name, "error": f"{type(error).__name__}: {error}"})
-            else:
-                section["results"].append({"name": name, "family": noise.sequences.FAMILY[name],
-                                           "flip_probability": float(np.concatenate(flips).mean()),
-                                           "top5_distance": float(np.concatenate(top5).mean())})
-            on_progress(section)
+    seconds = _named_items(store, "sequence", run.names, section, on_progress, lambda index, name: _sequence_item(
+        name, index, preset, run, classifier, dataset, plan, parallel))
     results = section["results"]
     section["mean_flip_probability"] = float(np.mean([r["flip_probability"] for r in results])) if results else None
     section["mean_top5_distance"] = float(np.mean([r["top5_distance"] for r in results])) if results else None
-    section["timing"] = timing.as_dict(len(results) * num_evaluated(dataset, plan))
+    section["timing"] = _total(seconds).as_dict(len(results) * num_evaluated(dataset, plan))
     section["status"] = "ok" if not section["failed"] else "incomplete"
     return section
 
@@ -288,17 +334,67 @@ def num_evaluated(dataset: ImageDataset, plan: Plan) -> int:
     return dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
 
 
+def _installed_versions() -> dict[str, str]:
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
 def environment() -> dict:
+    """What ran the evaluation: versions of robustjax, JAX and every installed package of
+    ``VERSIONED``, Python, the backend and its devices, and ``XLA_FLAGS``."""
     devices = jax.local_devices()
     return {
         "robustjax": robustjax.__version__,
         "jax": jax.__version__,
+        **_installed_versions(),
         "python": platform.python_version(),
         "backend": jax.default_backend(),
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),
         "machine": platform.machine(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
+
+
+def randomness(plan: Plan, parallel: DataParallel) -> dict:
+    """The seed, the PRNG, and how each item's keys derive from ``key(seed)`` (b: the batch
+    of ``batch_size`` examples, the plan's rounded up to a multiple of the devices)."""
+    return {
+        "seed": plan.seed,
+        "prng_impl": str(jax.config.jax_default_prng_impl),
+        "threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+        "batch_size": parallel.batch_size,
+        "keys": {
+            "clean": None,
+            "attacks": "fold_in(key(seed), b), the same for every [[attacks]] entry; with restarts, restart r "
+                       "takes split(that key, restarts)[r] at every epsilon",
+            "corruptions": "fold_in(fold_in(fold_in(key(seed), c), s), b): corruption c (its position in names) "
+                           "at severity s",
+            "sequences": "fold_in(fold_in(key(seed), p), b): perturbation p (its position in names), batches of "
+                         "sequences.batch_size rounded up to a multiple of the devices",
+            "system_noise": None,
+            "metrics": "attack: fold_in(fold_in(k, b), 0) and on the reference fold_in(fold_in(k, b), 1), EBD: e, "
+                       "where k, e = split(fold_in(key(seed), 23)); corruption c at severity s: "
+                       "fold_in(fold_in(fold_in(fold_in(key(seed), 24), c), s), b)",
+            "sanity": "fold_in(key(seed), 25), for PGD's random starts",
+        },
+    }
+
+
+def _attack_item(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
+                 clean_correct: np.ndarray) -> Finished:
+    sections, adversarial_correct = attack_sections(run, classifier, dataset, plan, parallel, clean_correct)
+    return Finished({"entries": sections}, {"correct": np.stack(adversarial_correct)})
+
+
+def stored_section(store: ItemStore | None, name: str, compute: Callable[[], dict]) -> dict:
+    """A section that is one item of ``store`` (no per-example arrays)."""
+    return run_item(store, name, lambda: Finished(compute())).section
 
 
 def evaluate(
@@ -309,12 +405,15 @@ def evaluate(
     profile: ImageDataset | None = None,
     reference: Classifier | None = None,
     on_update: Callable[[dict], None] = lambda report: None,
+    store: ItemStore | None = None,
 ) -> dict:
     """Runs ``plan`` and returns the report (schema: docs/report-schema.md).
 
     The plan's metrics section profiles neuron bounds on ``profile`` (the training split)
     and compares with ``reference`` (the model its ``metrics.reference`` names); metrics
-    that need either are reported as skipped without it.
+    that need either are reported as skipped without it. Items found in ``store`` (opened
+    with this run's ``resume.fingerprint``) are reused, and every item that finishes is
+    stored there.
     """
     if tuple(dataset.image_shape) != tuple(classifier.input_shape):
         raise ValueError(
@@ -342,6 +441,7 @@ def evaluate(
         "dataset": {"name": dataset.name, "num_examples": num_examples},
         "plan": plan.as_dict(),
         "environment": environment(),
+        "randomness": randomness(plan, parallel),
         "clean": None,
         "attacks": [],
         "worst_case": [],
@@ -349,13 +449,17 @@ def evaluate(
         "sequences": None,
         "system_noise": None,
         "metrics": None,
+        "sanity": None,
     }
-    report["clean"], clean_correct = clean_section(classifier, dataset, plan, parallel)
+    clean = run_item(store, "clean", lambda: _clean_item(classifier, dataset, plan, parallel))
+    report["clean"], clean_correct = clean.section, clean.arrays["correct"]
     on_update(report)
     finished = []  # (section, mask of the examples correct under the attack) of every attack that ran
-    for run in plan.runs:
+    for position, run in enumerate(plan.runs):
         try:
-            sections, adversarial_correct = attack_sections(run, classifier, dataset, plan, parallel, clean_correct)
+            item = run_item(store, f"attack-{position}-{run.attack.name}", lambda: _attack_item(
+                run, classifier, dataset, plan, parallel, clean_correct))
+            sections, adversarial_correct = item.section["entries"], list(item.arrays["correct"])
         except Exception as error:  # recorded in the report; the rest of the plan still runs
             sections, adversarial_correct = [{"name": run.attack.name, "params": params, "status": "failed",
                                               "error": f"{type(error).__name__}: {error}"}
@@ -375,26 +479,30 @@ def evaluate(
 
     if plan.corruptions is not None:
         publish("corruptions")(corruption_section(plan.corruptions, classifier, dataset, plan, parallel,
-                                                  report["clean"]["accuracy"], publish("corruptions")))
+                                                  report["clean"]["accuracy"], publish("corruptions"), store))
     if plan.sequences is not None:
-        publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences")))
+        publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences"), store))
+    def stored_or_failed(part: str, settings: dict, compute: Callable[[], dict]) -> None:
+        """Publishes a section that is one item of ``store``; one that raises is recorded as
+        failed with ``settings`` and its error, like a failed attack, and the plan goes on."""
+        try:
+            publish(part)(stored_section(store, part, compute))
+        except Exception as error:  # recorded in the report
+            publish(part)({"status": "failed", **settings, "error": f"{type(error).__name__}: {error}"})
+
     if plan.system_noise is not None:
-        try:
-            publish("system_noise")(system_noise_section(plan.system_noise, classifier, dataset, plan))
-        except Exception as error:  # recorded in the report, like a failed attack
-            publish("system_noise")({"status": "failed", **plan.system_noise.as_dict(),
-                                     "error": f"{type(error).__name__}: {error}"})
+        stored_or_failed("system_noise", plan.system_noise.as_dict(), lambda: system_noise_section(
+            plan.system_noise, classifier, dataset, plan))
     if plan.metrics is not None:
-        try:
-            publish("metrics")(metric_suite.metrics_section(plan.metrics, classifier, dataset, plan, parallel,
-                                                            profile=profile, reference=reference,
-                                                            on_progress=publish("metrics")))
-        except Exception as error:  # recorded in the report, like a failed attack
-            publish("metrics")({"status": "failed", "settings": plan.metrics.as_dict(),
-                                "error": f"{type(error).__name__}: {error}"})
+        stored_or_failed("metrics", {"settings": plan.metrics.as_dict()}, lambda: metric_suite.metrics_section(
+            plan.metrics, classifier, dataset, plan, parallel, profile=profile, reference=reference,
+            on_progress=publish("metrics")))
+    if plan.sanity.enabled:  # after the metrics: the black-box check reads their transfer accuracy
+        stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, lambda: sanity.sanity_section(
+            classifier, dataset, plan, parallel, report))
     failed = any(section["status"] != "ok" for section in report["attacks"])
     failed |= any(report[part] is not None and report[part]["status"] != "ok"
-                  for part in ("corruptions", "sequences", "system_noise", "metrics"))
+                  for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity"))
     report["status"] = "incomplete" if failed else "complete"
     on_update(report)
     return report

@@ -18,8 +18,9 @@ Ties. Samples with equal confidence (or score) have no order; every metric here 
 a block, so the result does not depend on the order of the samples (and streaming, merging and
 one-shot evaluation agree). For AURRA and the RMS bins each tied sample counts with its tie
 block's mean correctness (for AURRA this is the expectation over random tie orders); AUROC,
-AUPR and the FPR use one threshold per distinct score, as sklearn does. Without ties, RMS and
-AURRA equal Hendrycks' functions. The sorting metrics need every sample: :class:`CalibrationStats`
+AUPR and the FPR use one threshold per distinct score, as sklearn does. Without ties, AURRA
+equals Hendrycks' ``aurra``, and the RMS error his ``calib_err`` only with ``skip_last_bin=True``
+(by default the last bin counts, see below). The sorting metrics need every sample: :class:`CalibrationStats`
 and :class:`OODStats` keep them in a buffer of a capacity fixed by ``empty`` (5 bytes per
 sample: a float32 and a bool; 50,000 ImageNet images take 250 kB) and give exact results.
 

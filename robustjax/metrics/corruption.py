@@ -3,7 +3,8 @@ Robustness to Common Corruptions and Perturbations", ICLR 2019).
 
 With E[c, s] the top-1 error under corruption c at severity s and E_clean the clean error:
 
-- corruption error, unnormalised:  mean_s E[c, s]  (RobustART reports the mean of these);
+- corruption error, unnormalised:  mean_s E[c, s]  (RobustART reports the mean of these; it is
+  not mCE, which needs a baseline);
 - CE_c = sum_s E[c, s] / sum_s E_base[c, s]  and  mCE = mean_c CE_c;
 - relative CE_c = sum_s (E[c, s] - E_clean) / sum_s (E_base[c, s] - E_base_clean), and
   relative mCE = its mean over c,
@@ -40,7 +41,11 @@ ALEXNET_CLEAN_ERROR = 0.43478
 
 
 def mean_corruption_error(errors: Float[Array, "c s"]) -> Float[Array, " c"]:
-    """Unnormalised corruption error per corruption: the mean error over severities."""
+    """Per corruption, the plain mean error over severities, mean_s E[c, s].
+
+    Not mCE: nothing is normalised by a baseline, and nothing is averaged over corruptions.
+    mCE is ``mean(corruption_error(errors, baseline))``.
+    """
     return jnp.mean(errors, axis=-1)
 
 

@@ -13,7 +13,8 @@ For a test set T, with N the set of neurons:
 - SNAC(T) = |Upper| / |N|;
 - TKNC(T, k) = |union over x and layers l of top_k(x, l)| / |N|;
 - TKNP(T, k) = |{(top_k(x, 1), ..., top_k(x, L)) : x in T}|, a count of distinct patterns,
-  top_k(x, l) taken as a set (ties go to the lower neuron index; k is capped at the width).
+  top_k(x, l) taken as a set (ties, -0.0 = +0.0 included, go to the lower neuron index; k
+  is capped at the width).
 
 Higher is better for all five: the test set exercises more of what the network learned.
 
@@ -294,8 +295,12 @@ class BoundaryCoverage:
 
 
 def _top_k(a: jax.Array, k: int) -> jax.Array:
-    """(B, min(k, n)) indices of the largest values per row; ties go to the lower index."""
-    return jax.lax.top_k(a, min(k, a.shape[1]))[1]
+    """(B, min(k, n)) indices of the largest values per row; ties go to the lower index.
+
+    ``lax.top_k`` orders -0.0 below +0.0 (GELU and other activations give both), so zeros
+    are made +0.0 first: equal values tie.
+    """
+    return jax.lax.top_k(jnp.where(a == 0, 0.0, a), min(k, a.shape[1]))[1]
 
 
 @struct.dataclass

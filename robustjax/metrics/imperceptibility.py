@@ -12,12 +12,17 @@ side, the reverse is "better").
 
 ``toolkit_compat=True`` reproduces what DIG-Beihang/AISafety computes where it departs from
 the definitions on purpose or by its settings (see each function).
+
+Terms outside S never enter the averages: they are dropped (not multiplied by 0, so an
+undefined term there, such as ALD of an all-zero image whose attack failed, cannot leak
+in), and the sums are plain float32 additions, not matrix products that an accelerator may
+run in reduced precision (TF32).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +47,9 @@ TOOLKIT_SSIM_DATA_RANGE = 2.0
 PSD_EPS = 1.0 / 255.0
 
 _NO_SUCCESS = "no successful adversarial examples (the success set S is empty)"
+
+L0Denominator = Literal["nonzero", "size"]
+L0_DENOMINATORS: tuple[str, ...] = ("nonzero", "size")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -80,39 +88,73 @@ def _norms(v: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.linalg.norm(v, axis=-1), jnp.max(jnp.abs(v), axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames="toolkit_compat")
-def _distortion(x, x_adv, toolkit_compat):
+def resolve_l0_denominator(l0_denominator: L0Denominator | None, toolkit_compat: bool) -> str:
+    """The checked ALD_0 denominator; None gives ``"size"`` under ``toolkit_compat`` (the
+    toolkit's), else ``"nonzero"`` (the definition)."""
+    checks.check_bool(toolkit_compat, "toolkit_compat")
+    if l0_denominator is None:
+        return "size" if toolkit_compat else "nonzero"
+    checks.check_choice(l0_denominator, L0_DENOMINATORS, "l0_denominator")
+    return l0_denominator
+
+
+@functools.partial(jax.jit, static_argnames=("toolkit_compat", "l0_denominator"))
+def _distortion(x, x_adv, toolkit_compat, l0_denominator):
     x, x_adv = _flat(x), _flat(x_adv)
     delta = x_adv - x
     l2, linf = _norms(delta)
     clean_l2, clean_linf = _norms(x)
     if toolkit_compat:
-        l0 = jnp.mean((delta != 0).astype(jnp.float32), axis=-1)
-        return Distortion(l0, l2 / clean_l2, linf)
-    pixels, pixels_adv = jnp.round(255 * x), jnp.round(255 * x_adv)
-    l0 = jnp.sum(pixels_adv != pixels, axis=-1) / jnp.sum(pixels != 0, axis=-1)
-    return Distortion(l0.astype(jnp.float32), l2 / clean_l2, linf / clean_linf)
+        changed, entries = delta != 0, x != 0
+    else:
+        pixels = jnp.round(255 * x)
+        changed, entries = jnp.round(255 * x_adv) != pixels, pixels != 0
+    l0_norm = entries.shape[-1] if l0_denominator == "size" else jnp.sum(entries, axis=-1)
+    l0 = (jnp.sum(changed, axis=-1) / l0_norm).astype(jnp.float32)
+    return Distortion(l0, l2 / clean_l2, linf if toolkit_compat else linf / clean_linf)
+
+
+def _check_defined(x, success, toolkit_compat: bool, l0_denominator: str) -> None:
+    """On the host: every x_i in S (all of x when ``success`` is None) has nonzero norms."""
+    values, mask = checks.concrete_values(x), None if success is None else checks.concrete_values(success)
+    if values is None or (success is not None and mask is None):
+        return
+    at_8_bits = not toolkit_compat and l0_denominator == "nonzero"  # ||x||_0 of the 8-bit image
+    entries = np.round(255 * _flat(values)) if at_8_bits else _flat(values)
+    blank = ~entries.any(axis=-1)
+    if mask is not None:
+        blank &= mask
+    if (index := np.flatnonzero(blank)).size:
+        raise ValueError(f"ALD is relative to ||x||_p, undefined for x[{index[0]}]"
+                         + ("" if mask is None else " (in the success set)") + ": its entries are all 0"
+                         + (" at 8 bits" if at_8_bits else ""))
 
 
 def lp_distortion(
-    x: Float[ArrayLike, "b h w c"], x_adv: Float[ArrayLike, "b h w c"], *, toolkit_compat: bool = False
+    x: Float[ArrayLike, "b h w c"],
+    x_adv: Float[ArrayLike, "b h w c"],
+    *,
+    toolkit_compat: bool = False,
+    l0_denominator: L0Denominator | None = None,
 ) -> Distortion:
     """Per-example ||x' - x||_p / ||x||_p for p in {0, 2, inf} (DEEPSEC's ALD_p terms).
 
     L0 counts the entries (over H, W and C) that differ once both images are stored as
-    8-bit values, relative to the nonzero 8-bit entries of x (DEEPSEC rounds the same way).
+    8-bit values (DEEPSEC rounds the same way) and divides them by ``l0_denominator``:
 
-    ``toolkit_compat=True`` (AISafety): L0 counts every nonzero float difference and divides
-    by H W C; L2 as above; Linf is not normalised (the [0, 1] scale).
+    - ``"nonzero"`` (the default): ||x||_0, the nonzero 8-bit entries of x. This is the
+      definition (DEEPSEC's paper, AISafety's docs), relative to x as the L2 and Linf terms are.
+    - ``"size"``: H W C, what the DEEPSEC and AISafety code divide by; smaller by the share
+      of nonzero entries (2-3x on the digits), and comparable with their published numbers.
+
+    ``toolkit_compat=True`` (AISafety): L0 counts every nonzero float difference, over H W C
+    by default (``"nonzero"``: over the nonzero float entries of x); L2 as above; Linf is not
+    normalised (the [0, 1] scale).
     """
     x, x_adv = _check_pair(x, x_adv)
-    values = checks.concrete_values(x)
-    if values is not None:
-        entries = _flat(values) if toolkit_compat else np.round(255 * _flat(values))
-        if (blank := np.flatnonzero(~entries.any(axis=-1))).size:
-            raise ValueError(f"ALD is relative to ||x||_p, undefined for x[{blank[0]}]: its entries are all 0"
-                             + ("" if toolkit_compat else " at 8 bits"))
-    return _distortion(x, x_adv, toolkit_compat)
+    l0_denominator = resolve_l0_denominator(l0_denominator, toolkit_compat)
+    _check_defined(x, None, toolkit_compat, l0_denominator)
+    return _distortion(x, x_adv, toolkit_compat, l0_denominator)
 
 
 def _taps(radius: int, sigma: float | None) -> np.ndarray:
@@ -237,26 +279,31 @@ def perturbation_sensitivity_distance(
 
 def _masked_sums(values: jax.Array, success: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Sums over the success set of per-example values (B,) or (B, m), and its size."""
-    return jnp.tensordot(success.astype(jnp.float32), values, axes=(0, 0)), jnp.sum(success, dtype=jnp.int32)
+    mask = success.reshape(success.shape + (1,) * (values.ndim - 1))
+    return jnp.sum(jnp.where(mask, values, 0.0), axis=0), jnp.sum(success, dtype=jnp.int32)
 
 
 @struct.dataclass
 class AverageLpDistortion(Ratio):
-    """Streaming ALD_p: ``total`` (3,) holds the L0, L2, Linf sums over S."""
+    """Streaming ALD_p: ``total`` (3,) holds the L0, L2, Linf sums over S (settings of
+    :func:`lp_distortion`; ``l0_denominator`` is stored resolved)."""
 
     toolkit_compat: bool = setting()
+    l0_denominator: str = setting()
 
     total_shape = (3,)
     empty_reason = _NO_SUCCESS
 
     @classmethod
-    def empty(cls, *, toolkit_compat: bool = False) -> AverageLpDistortion:
-        checks.check_bool(toolkit_compat, "toolkit_compat")
-        return super().empty(toolkit_compat=toolkit_compat)
+    def empty(cls, *, toolkit_compat: bool = False, l0_denominator: L0Denominator | None = None) -> AverageLpDistortion:
+        l0_denominator = resolve_l0_denominator(l0_denominator, toolkit_compat)
+        return super().empty(toolkit_compat=toolkit_compat, l0_denominator=l0_denominator)
 
     def update(self, x, x_adv, success) -> AverageLpDistortion:
+        """Adds a batch; only x_i in S must have nonzero norms."""
         x, x_adv = _check_pair(x, x_adv, success)
-        distortion = jnp.stack(lp_distortion(x, x_adv, toolkit_compat=self.toolkit_compat), axis=-1)
+        _check_defined(x, success, self.toolkit_compat, self.l0_denominator)
+        distortion = jnp.stack(_distortion(x, x_adv, self.toolkit_compat, self.l0_denominator), axis=-1)
         return self.add(*_masked_sums(distortion, success))
 
     def compute(self) -> dict[str, jax.Array]:
@@ -315,10 +362,12 @@ def average_lp_distortion(
     success: Bool[ArrayLike, " b"],
     *,
     toolkit_compat: bool = False,
+    l0_denominator: L0Denominator | None = None,
 ) -> Distortion:
     """ALD_p = (1/|S|) sum_{i in S} ||x'_i - x_i||_p / ||x_i||_p, p in {0, 2, inf}
     (see :func:`lp_distortion`); higher means the model forced larger perturbations."""
-    ald = AverageLpDistortion.empty(toolkit_compat=toolkit_compat).update(x, x_adv, success).compute()
+    ald = AverageLpDistortion.empty(toolkit_compat=toolkit_compat, l0_denominator=l0_denominator)
+    ald = ald.update(x, x_adv, success).compute()
     return Distortion(ald["ald_0"], ald["ald_2"], ald["ald_inf"])
 
 

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from robustjax.checks import read_json_object
 from robustjax.classifier import Classifier
 from robustjax.nas import build
 from robustjax.nas.bignas import BigNASSpace
@@ -124,7 +125,7 @@ class Supernet:
         path = folder / DESCRIPTION_FILE
         if not path.is_file():
             raise ValueError(f"{str(folder)!r} holds no supernet (no {DESCRIPTION_FILE})")
-        stored = space_from_description(json.loads(path.read_text())["space"])
+        stored = space_from_description(read_json_object(path, required=("space",))["space"])
         if space is not None and stored != space:
             theirs, ours = describe_space(stored), describe_space(space)
             differ = ", ".join(f"{k}={theirs[k]} (expected {ours.get(k)})" for k in theirs if theirs[k] != ours.get(k))

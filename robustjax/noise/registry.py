@@ -23,7 +23,7 @@ from typing import Any, Literal
 import jax
 from jaxtyping import Array, ArrayLike, Float
 
-from robustjax.checks import as_images, check_choice
+from robustjax.checks import as_images, check_choice, check_key
 from robustjax.registry import Registry
 from robustjax.sharding import auto_axes_over_batch
 
@@ -122,6 +122,7 @@ def corrupt(
     get(name)
     check_severity(severity)
     x = as_images(x)
+    check_key(key)
     if x.shape[-1] not in (1, 3):
         raise ValueError(f"x must have 1 or 3 channels, got shape {tuple(x.shape)}")
     preset = default_preset(tuple(x.shape[1:3])) if preset is None else preset

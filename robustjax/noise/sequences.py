@@ -34,7 +34,7 @@ import numpy as np
 from jax.scipy.ndimage import map_coordinates
 from jaxtyping import Array, ArrayLike, Float
 
-from robustjax.checks import check_choice, check_images
+from robustjax.checks import check_choice, check_images, check_key
 from robustjax.noise.registry import PRESETS, Preset, default_preset
 from robustjax.registry import unknown_name
 from robustjax.sharding import auto_axes_over_batch
@@ -202,10 +202,7 @@ def check_arguments(x, name, key, length, difficulty, preset) -> tuple[str, int]
         raise ValueError(f"x must have 1 or 3 channels, got shape {tuple(x.shape)}")
     if min(x.shape[1:3]) < MIN_SIZE:
         raise ValueError(f"x must be at least {MIN_SIZE}x{MIN_SIZE} pixels, got shape {tuple(x.shape)}")
-    if not isinstance(key, jax.Array) or not (
-        jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or (key.dtype == jnp.uint32 and key.shape == (2,))
-    ):
-        raise TypeError(f"key must be a PRNG key from jax.random.key, got {type(key).__name__}")
+    check_key(key)
     check_difficulty(difficulty)
     preset = default_preset(tuple(x.shape[1:3])) if preset is None else preset
     check_choice(preset, PRESETS, "preset")

@@ -123,7 +123,7 @@ _FROST_NAMES = ("frost1", "frost2", "frost4", "frost5")
 @functools.lru_cache(maxsize=1)
 def _frost_assets() -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     path = importlib.resources.files("robustjax.noise") / "assets" / "frost.npz"
-    with path.open("rb") as f, np.load(f) as data:
+    with path.open("rb") as f, np.load(f, allow_pickle=False) as data:
         return tuple(data[name] for name in _FROST_NAMES), data["native_hw"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 SHOWN_PARAMS = ("eps", "steps")
 
@@ -104,4 +105,29 @@ def metrics_table(report: dict) -> Table | None:
         note = entry["description"] if entry["status"] == "ok" else entry["reason"]
         table.add_row("" if entry["index"] is None else str(entry["index"]), entry["name"], value,
                       entry["direction"], note)
+    return table
+
+
+def sanity_table(report: dict) -> Table | Text | None:
+    """The sanity checks against gradient masking that warned, each with what was seen and
+    what to do (the caption counts those that passed or were skipped); one line when none
+    warned; None when the report has no sanity section."""
+    section = report.get("sanity")
+    if section is None:
+        return None
+    table = Table(title="sanity checks against gradient masking", box=box.SIMPLE_HEAD)
+    for column in ("check", "seen", "advice"):
+        table.add_column(column, ratio=None if column == "check" else 1)
+    if section["status"] == "failed":
+        table.add_row("sanity checks", "failed", section["error"])
+        return table
+    verdicts = [check["verdict"] for check in section["checks"]]
+    counts = (f"{verdicts.count('pass')} passed, {verdicts.count('warn')} warned, {verdicts.count('skipped')} "
+              f"skipped, on {section['num_examples']} correctly classified examples")
+    if "warn" not in verdicts:
+        return Text(f"sanity checks against gradient masking: {counts}")
+    table.caption = f"{counts}; report.json has the values and the literature behind each check"
+    for check in section["checks"]:
+        if check["verdict"] == "warn":
+            table.add_row(f"[yellow]{check['name']}[/]", check["message"], check["advice"])
     return table

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
+from robustjax.evaluation.resume import write_atomically
+
 
 def write_report(path: str | Path, report: dict) -> None:
-    """Writes ``report`` as JSON, replacing ``path`` atomically (a reader never sees half a file)."""
+    """Writes ``report`` as JSON, replacing ``path`` atomically (a reader never sees half a
+    file; a killed writer leaves a hidden ``.report.json.*.tmp`` beside it at most)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-        json.dump(report, f, indent=2, allow_nan=False)
-        f.write("\n")
-    os.replace(f.name, path)
+    text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    write_atomically(path, lambda f: f.write(text.encode()))
 
 
 def schema() -> dict:

@@ -115,9 +115,13 @@ def load_state_dict(path: str | Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise ValueError(f"no checkpoint file at {str(path)!r}")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
-        tensors = load_file(path)
+        try:
+            tensors = load_file(path)
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ValueError(f"{path.name} is not a readable safetensors file: {err}") from None
     elif path.suffix in TORCH_SUFFIXES:
         tensors = _load_torch(path)
     else:

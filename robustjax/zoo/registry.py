@@ -6,13 +6,13 @@ import dataclasses
 import fnmatch
 import functools
 import importlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from robustjax.checks import read_json_object
 from robustjax.classifier import Classifier
 from robustjax.registry import Registry
 from robustjax.zoo.weights import load_weights
@@ -130,7 +130,7 @@ def _with_stored_weights(entry: ModelEntry, folder: Path, key: jax.Array, kwargs
     card_path = folder / "card.json"
     if not card_path.is_file():
         raise ValueError(f"{str(folder)!r} holds no converted weights (no card.json); see `robustjax zoo convert`")
-    card = json.loads(card_path.read_text())
+    card = read_json_object(card_path, required=("num_classes",))
     if card.get("name") != entry.name:
         raise ValueError(f"{str(folder)!r} holds weights of {card.get('name')!r}, not {entry.name!r}")
     kwargs = {"num_classes": card["num_classes"], **card.get("build_kwargs", {}), **kwargs}

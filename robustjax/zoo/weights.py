@@ -62,8 +62,11 @@ def load_weights(path: str | Path, state: nnx.State) -> nnx.State:
     path = Path(path).resolve()
     if not path.is_dir():
         raise ValueError(f"no weights at {str(path)!r}")
-    with ocp.StandardCheckpointer() as checkpointer:
-        stored = checkpointer.restore(path)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            stored = checkpointer.restore(path)
+    except Exception as error:  # orbax's errors for an unreadable folder have no common type
+        raise ValueError(f"{str(path)!r} is not a weights checkpoint orbax can read: {error}") from None
     expected = nnx.to_pure_dict(state)
     stored = _keys_like(expected, stored)
     check_compatible(expected, stored, str(path))

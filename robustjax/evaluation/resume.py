@@ -1,0 +1,226 @@
+"""Evaluations that resume: each finished report item is kept on disk, so a rerun skips it.
+
+``robustjax evaluate --out DIR`` keeps, beside ``DIR/report.json``, the folder ``DIR/items``:
+
+- ``fingerprint.json``: what every stored result depends on (:func:`fingerprint`: the plan,
+  the model's weights, the evaluated examples, the metrics' reference model and profiling
+  set, the environment). A store whose fingerprint differs from the run's is refused,
+  naming what differs, unless the run asks to start afresh;
+- one ``NAME.npz`` per finished item (the clean pass, each ``[[attacks]]`` entry, each
+  corruption, each sequence perturbation, the system noise, the metrics): its report
+  section as JSON text under ``section`` and the per-example arrays later items need (the
+  masks behind ``worst_case``), read back with ``allow_pickle=False``.
+
+Every file is written to a temporary file in the same folder, flushed to disk and moved into
+place with ``os.replace``, so a run killed at any moment leaves only whole items. An item
+whose computation raised is not stored: the next run tries it again. One process at a time
+writes a store (an ``flock`` on ``DIR/items/lock``, released when the process ends).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from robustjax.classifier import Classifier
+from robustjax.data.dataset import ImageDataset
+from robustjax.evaluation.plan import Plan
+
+ITEMS_FOLDER = "items"
+FINGERPRINT_FILE = "fingerprint.json"
+SECTION_KEY = "section"
+# Room an evaluation needs on disk beyond its per-example masks: the report and item sections.
+DISK_MARGIN_BYTES = 4 << 20
+
+
+class StoreMismatch(ValueError):
+    """The item store holds results of another evaluation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """A finished item: its report section (JSON-ready) and named per-example arrays."""
+
+    section: dict
+    arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+def _digest(arrays: Iterable[np.ndarray]) -> str:
+    """SHA-256 of the arrays' dtypes, shapes and bytes, in order."""
+    hashed = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        hashed.update(f"{array.dtype.str}{array.shape}".encode())
+        hashed.update(array.tobytes())
+    return hashed.hexdigest()
+
+
+def _examples_digest(dataset: ImageDataset, limit: int | None) -> str:
+    """SHA-256 of the evaluated images and labels, in order (the same at any read batch size)."""
+    hashed = hashlib.sha256()
+    for x, y in dataset.batches(1024, limit=limit):
+        hashed.update(np.ascontiguousarray(x, np.float32).tobytes())
+        hashed.update(np.ascontiguousarray(y, np.int32).tobytes())
+    return hashed.hexdigest()
+
+
+def _model(classifier: Classifier) -> dict:
+    return {"name": classifier.name, "weights": _digest(np.asarray(leaf) for leaf in jax.tree.leaves(classifier))}
+
+
+def fingerprint(classifier: Classifier, dataset: ImageDataset, plan: Plan, environment: dict, *,
+                profile: ImageDataset | None = None, reference: Classifier | None = None) -> dict:
+    """What the results of an evaluation depend on. The profiling set (a training split,
+    possibly large) counts by its name and size; every other input by a hash of its content."""
+    return {
+        "plan": plan.as_dict(),
+        "model": _model(classifier),
+        "data": {"name": dataset.name, "examples": _examples_digest(dataset, plan.num_examples)},
+        "reference": None if reference is None else _model(reference),
+        "profile": None if profile is None else {"name": profile.name, "num_examples": profile.num_examples},
+        "environment": environment,
+    }
+
+
+def expected_bytes(plan: Plan, num_examples: int) -> int:
+    """A small over-estimate of the disk an evaluation writes: one byte per example for the
+    clean mask and for each attack entry's mask, and a margin for the report and sections."""
+    entries = sum(len(run.entries()) for run in plan.runs)
+    return DISK_MARGIN_BYTES + num_examples * (1 + entries)
+
+
+def check_output_folder(folder: str | Path, needed_bytes: int) -> Path:
+    """Creates ``folder`` and makes sure, before any work, that results can be written there:
+    raises OSError with one clear line when it is (or lies under) a regular file, cannot be
+    written, or its disk has less than ``needed_bytes`` free."""
+    folder = Path(folder)
+    for path in (folder, *folder.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise OSError(f"cannot write results to {folder}: {path} is a file, not a folder")
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise OSError(f"cannot write results to {folder}: {error.strerror or error}") from None
+    free = shutil.disk_usage(folder).free
+    if free < needed_bytes:
+        raise OSError(f"cannot write results to {folder}: {free / 2**20:.1f} MiB free on its disk, the evaluation "
+                      f"needs about {needed_bytes / 2**20:.1f} MiB; free some space or choose another folder")
+    return folder
+
+
+def write_atomically(path: Path, write: Callable) -> None:
+    """Writes ``path`` through ``write(file)`` (a binary file) into a temporary file beside
+    it, ``.NAME.*.tmp``, flushed to disk, then replaces ``path`` with it: a reader never sees
+    half a file, and a writer killed at any moment leaves the old one whole."""
+    with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                     delete=False) as file:
+        try:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        except BaseException:
+            os.unlink(file.name)
+            raise
+    os.replace(file.name, path)
+
+
+class ItemStore:
+    """The finished items of one evaluation, in a folder (see the module's docstring).
+    ``ItemStore.open`` creates it or checks that it holds the same evaluation."""
+
+    def __init__(self, folder: Path, lock):
+        self.folder, self._lock = folder, lock
+
+    @classmethod
+    def open(cls, folder: str | Path, fingerprint: dict, *, fresh: bool = False) -> ItemStore:
+        """The store in ``folder``. With ``fresh``, results stored there are discarded first;
+        without, a store of another evaluation raises :class:`StoreMismatch`."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / "lock", "w")  # noqa: SIM115 (held, and so locked, as long as the store lives)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise OSError(f"another robustjax evaluate is writing to {folder}; wait for it to end or choose "
+                          "another folder") from None
+        store = cls(folder, lock)
+        for leftover in folder.glob(".*.tmp"):  # temporary files of a killed run
+            leftover.unlink()
+        stored = store._fingerprint()
+        expected = json.loads(json.dumps(fingerprint))  # as JSON would give it back
+        if fresh or stored is None:
+            store._discard()
+            write_atomically(folder / FINGERPRINT_FILE, lambda f: f.write(json.dumps(expected, indent=1).encode()))
+        elif stored != expected:
+            store.close()
+            differ = ", ".join(sorted(k for k in stored.keys() | expected.keys() if stored.get(k) != expected.get(k)))
+            raise StoreMismatch(f"{folder} holds the results of another evaluation (its {differ} differ from this "
+                                "run's); rerun with --fresh to discard them and start over, or choose another "
+                                "output folder")
+        return store
+
+    def _fingerprint(self) -> dict | None:
+        path = self.folder / FINGERPRINT_FILE
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _discard(self) -> None:
+        for path in self.folder.glob("*.npz"):
+            path.unlink()
+        (self.folder / FINGERPRINT_FILE).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._lock.close()
+
+    def __enter__(self) -> ItemStore:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    def names(self) -> list[str]:
+        """The finished items, by name."""
+        return sorted(path.stem for path in self.folder.glob("*.npz"))
+
+    def load(self, name: str) -> Finished | None:
+        """Item ``name`` as stored, or None when it is not (or cannot be read back whole)."""
+        path = self.folder / f"{name}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                return Finished(json.loads(str(stored[SECTION_KEY])),
+                                {key: stored[key] for key in stored.files if key != SECTION_KEY})
+        except (OSError, ValueError, KeyError):  # not there, or unreadable: computed (again)
+            return None
+
+    def save(self, name: str, finished: Finished) -> None:
+        if SECTION_KEY in finished.arrays:
+            raise ValueError(f"item {name!r}: {SECTION_KEY!r} is reserved for the section, not an array name")
+        text = json.dumps(finished.section, allow_nan=False)
+        write_atomically(self.folder / f"{name}.npz",
+                          lambda f: np.savez(f, allow_pickle=False, **{SECTION_KEY: np.array(text)},
+                                                   **finished.arrays))
+
+
+def run_item(store: ItemStore | None, name: str, compute: Callable[[], Finished]) -> Finished:
+    """Item ``name`` from ``store`` when it is there; else ``compute()``, stored once it
+    returns (an exception propagates and stores nothing). Without a store, ``compute()``."""
+    if store is not None and (finished := store.load(name)) is not None:
+        return finished
+    finished = compute()
+    if store is not None:
+        store.save(name, finished)
+    return finished
