@@ -15,9 +15,9 @@ model (EOT); a :class:`~robustjax.Classifier` is deterministic, so it is not off
 
 Called on concrete arrays, the ensemble runs as the original does: each component (and
 each target class of the targeted ones) only on the examples still robust, gathered into
-a batch of the next size on compaction's ladder (multiples of a quarter of the batch, then
-halving down to 1: at most twice the examples left, and a handful of compiles per
-component). Inside a trace (``jax.jit`` of user
+a batch of the next size of a fine ladder (multiples of a sixteenth of the batch, then
+halving down to 1): the padding stays within a sixteenth of the batch above that, and a
+component compiles once per size it meets (a few, as the robust examples thin out). Inside a trace (``jax.jit`` of user
 code) :meth:`AutoAttack.run` runs instead: one compiled program with static shapes, every
 component on the whole batch, an example's result from the first component that fooled
 it, so compute goes to examples already broken. Either way ``queries`` charges each example
@@ -110,7 +110,7 @@ class AutoAttack(Attack):
                 chosen = np.flatnonzero(robust)
                 if not chosen.size:
                     break
-                rows = np.resize(chosen, bucket(chosen.size, len(labels)))  # repeats fill the bucket
+                rows = np.resize(chosen, bucket(chosen.size, len(labels), parts=16))  # repeats fill the bucket
                 goal = None if not targets else ranked[rows, ranked.shape[-1] - 1 - k]
                 result = _stage(attack, restarts, classifier, images[rows], labels[rows], goal, stage_key)
                 success = np.asarray(result.success)[:chosen.size]
