@@ -162,6 +162,7 @@ class Classifier:
         )
 
     def normalize(self, x: Float[ArrayLike, "b h w c"]) -> Float[Array, "b h w c"]:
+        x = jnp.asarray(x)  # float64 becomes JAX's default float (float32 unless x64 is enabled)
         mean = jnp.asarray(self.mean, x.dtype)
         std = jnp.asarray(self.std, x.dtype)
         return (x - mean) / std

@@ -49,7 +49,7 @@ def test_train_a_supernet_then_evaluate_one_of_its_subnets(tmp_path, capsys):
     assert code == 0, err
     assert "step 6/6" in text and (out / "supernet.json").is_file()
     plan = tmp_path / "plan.toml"
-    plan.write_text('batch_size = 16\nnum_examples = 16\n[[attacks]]\nname = "fgsm"\neps = 0.1\n')
+    plan.write_text('batch_size = 16\nnum_examples = 16\n[[attacks]]\nname = "fgsm"\neps = 0.1\n[sanity]\nenabled = false\n')
     code, text, err = run(capsys, "evaluate", "--model", "nas.nb201_digits", "--supernet", str(out), "--arch",
                           "11472", "--plan", str(plan), "--out", str(tmp_path / "report"))
     assert code == 0, err

@@ -31,7 +31,8 @@ SMALL = {
 
 
 def _plan(batch_size: int, num_examples: int = 40, **metrics):
-    return plan_from_dict({"batch_size": batch_size, "num_examples": num_examples, "metrics": {**SMALL, **metrics}})
+    return plan_from_dict({"batch_size": batch_size, "num_examples": num_examples, "metrics": {**SMALL, **metrics},
+                           "sanity": {"enabled": False}})
 
 
 @pytest.fixture(scope="module")
