@@ -6,7 +6,7 @@ import pytest
 
 import robustjax as rj
 from robustjax.attacks.base import Attack
-from robustjax.evaluation import AttackRun, Plan, evaluate
+from robustjax.evaluation import AttackRun, Plan, evaluate, runner
 from robustjax.evaluation.plan import SanityRun
 from robustjax.report import schema, write_report
 
@@ -105,3 +105,14 @@ def test_dataset_and_model_must_fit(digits_clf):
     images = np.zeros((4, 16, 16, 1), np.float32)
     with pytest.raises(ValueError, match=r"shape \(16, 16, 1\), model 'digits_cnn' expects \(8, 8, 1\)"):
         evaluate(digits_clf, rj.data.from_arrays(images, np.arange(4)), Plan(runs=()))
+
+
+def test_worst_case_skips_attacks_without_a_ball():
+    """Minimal-norm attacks (eps None, as RayS without a budget) share no threat model."""
+    clean = np.array([True, True, False])
+    unbounded = [({"name": name, "params": {"norm": "linf", "eps": None}}, np.array([True, False, False]))
+                 for name in ("rays", "fab")]
+    bounded = [({"name": name, "params": {"norm": "linf", "eps": 0.1}}, np.array(mask))
+               for name, mask in (("fgsm", [True, True, False]), ("pgd", [False, True, False]))]
+    entries = runner.worst_case_section(unbounded + bounded, clean)
+    assert [(e["eps"], e["attacks"], e["robust_accuracy"]) for e in entries] == [(0.1, ["fgsm", "pgd"], 1 / 3)]

@@ -174,7 +174,7 @@ def worst_case_section(attacks: list[tuple[dict, np.ndarray]], clean_correct: np
     mask of correctness under the attack."""
     budgets: dict[tuple[str, float], list[tuple[dict, np.ndarray]]] = {}
     for section, adversarial_correct in attacks:
-        if "eps" in section["params"]:
+        if section["params"].get("eps") is not None:  # eps None: a minimal-norm attack, no shared ball
             budgets.setdefault((section["params"].get("norm", "linf"), section["params"]["eps"]), []).append(
                 (section, adversarial_correct))
     entries = []
