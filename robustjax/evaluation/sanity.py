@@ -18,6 +18,7 @@ evaluation's mesh, with a few jitted forward and backward passes and two short P
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 
@@ -414,7 +415,9 @@ class Probe:
     def on_mesh(self, *arrays: np.ndarray) -> list[jax.Array]:
         return _on_mesh(self.parallel, *arrays)
 
+    @functools.cached_property
     def outputs_and_margin_gradients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Computed once, for both the gradient and the probability checks."""
         n = len(self.y)
         return tuple(np.asarray(a)[:n] for a in _outputs_and_margin_gradients(self.classifier, *self.on_mesh(self.x, self.y)))
 
@@ -429,12 +432,12 @@ def _probe_unbounded_pgd(probe: Probe) -> dict:
 
 
 def _probe_input_gradients(probe: Probe) -> dict:
-    _, margin, gradient = probe.outputs_and_margin_gradients()
+    _, margin, gradient = probe.outputs_and_margin_gradients
     return input_gradients(margin, gradient)
 
 
 def _probe_probability_outputs(probe: Probe) -> dict:
-    return probability_outputs(probe.outputs_and_margin_gradients()[0])
+    return probability_outputs(probe.outputs_and_margin_gradients[0])
 
 
 def _probe_restarts(probe: Probe) -> dict:
