@@ -10,6 +10,7 @@ import robustjax as rj
 from robustjax.attacks.apgd import APGD, checkpoint_schedule
 from robustjax.attacks.fab import FAB, hyperplane_box_projection
 from robustjax.attacks.l1 import l1_random_start, project_l1_box, sparse_l1_direction
+from robustjax.attacks.levels import smallest_level
 from tests.helpers import count_compiles, linear_classifier, random_linear_classifier
 
 # Shared by the contract and the torchattacks tests so that each compiles once. At these
@@ -128,6 +129,18 @@ def test_sparse_l1_direction_takes_the_top_k_movable_coordinates():
         expected = 5 + np.argsort(-np.abs(grad[i, 5:]))[: k[i]]
         assert sorted(chosen) == sorted(expected)
         np.testing.assert_array_equal(np.sign(step[i, chosen]), np.sign(grad[i, chosen]))
+
+
+def test_sparse_l1_direction_keeps_every_coordinate_tied_with_the_k_th():
+    grad = np.array([[3.0, -3.0, 3.0, 1.0, 0.5], [0.0, 0.0, 2.0, 0.0, 0.0]], np.float32)
+    step = np.asarray(jax.jit(sparse_l1_direction)(grad, np.full_like(grad, 0.5), np.array([2, 3])))
+    np.testing.assert_allclose(step, [[1 / 3, -1 / 3, 1 / 3, 0, 0], [0, 0, 1, 0, 0]], rtol=1e-6)
+
+
+def test_smallest_level_finds_the_exact_float32_threshold():
+    thresholds = np.array([0.0, 1e-30, 0.3, 1.0, 7.5e3, 3e38, np.inf], np.float32)
+    found = jax.jit(lambda a: smallest_level(lambda t: t >= a, a.shape[0]))(thresholds)
+    np.testing.assert_array_equal(found, thresholds)  # bit for bit; inf where nothing holds
 
 
 def test_l1_random_start_is_on_the_l1_sphere_inside_the_box():

@@ -34,6 +34,7 @@ from jaxtyping import Array, Float
 
 from robustjax.attacks import threat
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
+from robustjax.attacks.levels import smallest_level
 from robustjax.attacks.loop import resolve_unroll
 from robustjax.checks import (
     check_choice,
@@ -47,21 +48,13 @@ from robustjax.sharding import varying_like
 
 
 def _level(slope: jax.Array, full: jax.Array, c: jax.Array) -> jax.Array:
-    """Per row, the smallest ``lam >= 0`` with ``G(lam) = sum_i min(lam slope_i, full_i) >= c``;
-    ``inf`` when even ``sum_i full_i < c``. ``G`` is piecewise linear with kinks at
-    ``full_i / slope_i``; sorting them gives ``G`` at every kink and ``lam`` exactly."""
-    kinks = jnp.where(slope > 0, full / jnp.where(slope > 0, slope, 1.0), jnp.inf)
-    order = jnp.argsort(kinks, axis=1)
-    kinks, slope, full = (jnp.take_along_axis(a, order, axis=1) for a in (kinks, slope, full))
-    saturated = jnp.cumsum(full, axis=1)  # coordinates at or before each kink are full
-    after = jnp.cumsum(slope[:, ::-1], axis=1)[:, ::-1] - slope  # slopes of those still growing
-    at_kink = saturated + jnp.where(after > 0, kinks * after, 0.0)
-    first = jnp.sum(at_kink < c[:, None], axis=1, keepdims=True)  # first kink with G >= c
-    prev = jnp.maximum(first - 1, 0)
-    base = jnp.where(first > 0, jnp.take_along_axis(saturated, prev, axis=1), 0.0)
-    rate = jnp.where(first > 0, jnp.take_along_axis(after, prev, axis=1), slope.sum(axis=1, keepdims=True))
-    lam = (c[:, None] - base) / jnp.maximum(rate, 1e-30)
-    return jnp.where(first[:, 0] < slope.shape[1], jnp.maximum(lam[:, 0], 0.0), jnp.inf)
+    """Per row, the smallest ``lam >= 0`` with ``G(lam) = sum_i min(lam slope_i, full_i) >= c``
+    (``slope, full >= 0``); ``inf`` when even ``sum_i full_i < c``. ``G`` is non-decreasing,
+    so a binary search finds it (:func:`~robustjax.attacks.levels.smallest_level`)."""
+    dtype = slope.dtype
+    slope, full, c = (a.astype(jnp.float32) for a in (slope, full, c))
+    lam = smallest_level(lambda t: jnp.sum(jnp.minimum(t[:, None] * slope, full), axis=1) >= c, c.shape[0])
+    return lam.astype(dtype)
 
 
 def _greedy_l1(w_abs: jax.Array, room: jax.Array, c: jax.Array) -> jax.Array:
@@ -89,7 +82,7 @@ def hyperplane_box_projection(
 
     Every coordinate moves along ``sign(c w_i)`` within the room the box leaves it. For l2
     ``d_i = clip(lam w_i, -point_i, 1 - point_i)``, for linf ``|d_i| = min(lam, room_i)``
-    with ``lam`` found by sorting the kinks of ``<w, d(lam)>``; for l1 the coordinates with
+    with ``lam`` the smallest level at which ``<w, d(lam)>`` reaches ``c`` (:func:`_level`); for l1 the coordinates with
     the largest ``|w_i|`` move first. If the box keeps ``<w, d>`` from reaching ``c``,
     every coordinate moves to the box in its direction (the closest the box allows).
     """

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from robustjax.attacks.levels import smallest_level
+
 _TINY = 1e-30
 
 
@@ -25,21 +27,13 @@ def _flat(a: jax.Array) -> jax.Array:
 def _soft_threshold_level(mag: jax.Array, room: jax.Array, eps: jax.Array) -> jax.Array:
     """The smallest ``lam >= 0`` with ``h(lam) = sum_j clip(mag_j - lam, 0, room_j) <= eps``, per row.
 
-    ``h`` is piecewise linear and non-increasing: coordinate ``j`` grows (as ``lam``
-    falls) between its kinks ``mag_j`` and ``mag_j - room_j``. Sorting the kinks in
-    decreasing order and accumulating slopes gives ``h`` at every kink, hence the
-    segment where ``h`` crosses ``eps`` and ``lam`` on it, exactly.
+    ``h`` is non-increasing in ``lam``, so a binary search finds it
+    (:func:`~robustjax.attacks.levels.smallest_level`).
     """
-    kinks = jnp.concatenate([mag, jnp.maximum(mag - room, 0.0)], axis=1)
-    slope_steps = jnp.concatenate([jnp.ones_like(mag), -jnp.ones_like(mag)], axis=1)
-    order = jnp.argsort(-kinks, axis=1)
-    kinks = jnp.take_along_axis(kinks, order, axis=1)
-    slope = jnp.cumsum(jnp.take_along_axis(slope_steps, order, axis=1), axis=1)  # -h' below each kink
-    rise = slope[:, :-1] * (kinks[:, :-1] - kinks[:, 1:])
-    h = jnp.concatenate([jnp.zeros_like(kinks[:, :1]), jnp.cumsum(rise, axis=1)], axis=1)
-    last = jnp.sum(h <= eps[:, None], axis=1, keepdims=True) - 1  # h is non-decreasing
-    kink, h_kink, rate = (jnp.take_along_axis(a, last, axis=1)[:, 0] for a in (kinks, h, slope))
-    return jnp.maximum(kink - (eps - h_kink) / jnp.maximum(rate, 1.0), 0.0)
+    dtype = mag.dtype
+    mag, room, eps = (a.astype(jnp.float32) for a in (mag, room, eps))
+    level = smallest_level(lambda t: jnp.sum(jnp.clip(mag - t[:, None], 0.0, room), axis=1) <= eps, eps.shape[0])
+    return level.astype(dtype)
 
 
 def project_l1_box(
@@ -51,8 +45,8 @@ def project_l1_box(
     ``d_j = sign(v_j) * clip(|v_j| - lam, 0, r_j)`` with ``r_j = 1 - x_j`` where
     ``v_j > 0`` and ``r_j = x_j`` otherwise (the room the box leaves in the direction of
     ``v_j``), and ``lam >= 0`` the smallest threshold that meets the budget (``lam = 0``
-    when the box alone does). ``lam`` is found exactly by sorting the kinks of the
-    budget as a function of ``lam`` (``L1_projection`` in AutoAttack). ``x`` must lie in
+    when the box alone does). ``lam`` is found by a binary search on the budget
+    as a function of ``lam`` (AutoAttack's ``L1_projection`` sorts its kinks instead). ``x`` must lie in
     [0, 1]; ``eps`` is a scalar or one radius per example.
     """
     batch = x.shape[0]
@@ -84,8 +78,8 @@ def sparse_l1_direction(
     movable = ((g > 0) & (x_flat < 1.0)) | ((g < 0) & (x_flat > 0.0))
     score = jnp.where(movable, jnp.abs(g), 0.0)
     k = jnp.clip(jnp.broadcast_to(jnp.asarray(k, jnp.int32), (batch,)), 1, g.shape[1])
-    ranked = -jnp.sort(-score, axis=1)
-    threshold = jnp.take_along_axis(ranked, (k - 1)[:, None], axis=1)
+    # The k-th largest score: the smallest t with fewer than k scores above it.
+    threshold = smallest_level(lambda t: jnp.sum(score > t[:, None], axis=1) < k, batch)[:, None]
     chosen = (score >= threshold) & (score > 0)
     direction = jnp.where(chosen, jnp.sign(g), 0.0) / jnp.maximum(chosen.sum(axis=1, keepdims=True), 1)
     return direction.reshape(grad.shape)
