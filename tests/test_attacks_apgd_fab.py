@@ -139,7 +139,7 @@ def test_sparse_l1_direction_keeps_every_coordinate_tied_with_the_k_th():
 
 def test_smallest_level_finds_the_exact_float32_threshold():
     thresholds = np.array([0.0, 1e-30, 0.3, 1.0, 7.5e3, 3e38, np.inf], np.float32)
-    found = jax.jit(lambda a: smallest_level(lambda t: t >= a, a.shape[0]))(thresholds)
+    found = jax.jit(lambda a: smallest_level(lambda t: t >= a, a))(thresholds)
     np.testing.assert_array_equal(found, thresholds)  # bit for bit; inf where nothing holds
 
 

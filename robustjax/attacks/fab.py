@@ -53,7 +53,7 @@ def _level(slope: jax.Array, full: jax.Array, c: jax.Array) -> jax.Array:
     so a binary search finds it (:func:`~robustjax.attacks.levels.smallest_level`)."""
     dtype = slope.dtype
     slope, full, c = (a.astype(jnp.float32) for a in (slope, full, c))
-    lam = smallest_level(lambda t: jnp.sum(jnp.minimum(t[:, None] * slope, full), axis=1) >= c, c.shape[0])
+    lam = smallest_level(lambda t: jnp.sum(jnp.minimum(t[:, None] * slope, full), axis=1) >= c, slope, full, c)
     return lam.astype(dtype)
 
 

@@ -32,7 +32,7 @@ def _soft_threshold_level(mag: jax.Array, room: jax.Array, eps: jax.Array) -> ja
     """
     dtype = mag.dtype
     mag, room, eps = (a.astype(jnp.float32) for a in (mag, room, eps))
-    level = smallest_level(lambda t: jnp.sum(jnp.clip(mag - t[:, None], 0.0, room), axis=1) <= eps, eps.shape[0])
+    level = smallest_level(lambda t: jnp.sum(jnp.clip(mag - t[:, None], 0.0, room), axis=1) <= eps, mag, room, eps)
     return level.astype(dtype)
 
 
@@ -79,7 +79,7 @@ def sparse_l1_direction(
     score = jnp.where(movable, jnp.abs(g), 0.0)
     k = jnp.clip(jnp.broadcast_to(jnp.asarray(k, jnp.int32), (batch,)), 1, g.shape[1])
     # The k-th largest score: the smallest t with fewer than k scores above it.
-    threshold = smallest_level(lambda t: jnp.sum(score > t[:, None], axis=1) < k, batch)[:, None]
+    threshold = smallest_level(lambda t: jnp.sum(score > t[:, None], axis=1) < k, score, k)[:, None]
     chosen = (score >= threshold) & (score > 0)
     direction = jnp.where(chosen, jnp.sign(g), 0.0) / jnp.maximum(chosen.sum(axis=1, keepdims=True), 1)
     return direction.reshape(grad.shape)

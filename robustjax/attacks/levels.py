@@ -17,21 +17,26 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from robustjax.sharding import varying_like
+
 _INF_BITS = 0x7F800000  # the bit pattern of float32 +inf; finite non-negative values lie below
 
 
-def smallest_level(holds: Callable[[Float[Array, " n"]], Bool[Array, " n"]], rows: int) -> Float[Array, " n"]:
+def smallest_level(holds: Callable[[Float[Array, " n"]], Bool[Array, " n"]], *operands: Array) -> Float[Array, " n"]:
     """Per row, the smallest float32 ``t >= 0`` with ``holds(t)`` true (``inf`` when none is).
 
-    ``holds`` maps one candidate per row (shape ``(rows,)``) to a boolean per row and must be
-    monotone: once true, true for every larger ``t``. It is never called with ``inf``.
+    ``holds`` maps one candidate per row to a boolean per row and must be monotone: once
+    true, true for every larger ``t``. It is never called with ``inf``. ``operands`` are
+    the arrays ``holds`` reads, rows first (inside ``shard_map`` the search varies as they do).
     """
+    rows = operands[0].shape[0]
+
     def halve(_, bounds):
         low, high = bounds  # holds at high (or high is inf), and not just below low
         middle = low + (high - low) // 2
         ok = holds(jax.lax.bitcast_convert_type(middle, jnp.float32))
         return jnp.where(ok, low, middle + 1), jnp.where(ok, middle, high)
 
-    bounds = (jnp.zeros((rows,), jnp.int32), jnp.full((rows,), _INF_BITS, jnp.int32))
+    bounds = varying_like((jnp.zeros((rows,), jnp.int32), jnp.full((rows,), _INF_BITS, jnp.int32)), *operands)
     _, high = jax.lax.fori_loop(0, 31, halve, bounds)
     return jax.lax.bitcast_convert_type(high, jnp.float32)
