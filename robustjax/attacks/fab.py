@@ -51,10 +51,8 @@ def _level(slope: jax.Array, full: jax.Array, c: jax.Array) -> jax.Array:
     """Per row, the smallest ``lam >= 0`` with ``G(lam) = sum_i min(lam slope_i, full_i) >= c``
     (``slope, full >= 0``); ``inf`` when even ``sum_i full_i < c``. ``G`` is non-decreasing,
     so a binary search finds it (:func:`~robustjax.attacks.levels.smallest_level`)."""
-    dtype = slope.dtype
-    slope, full, c = (a.astype(jnp.float32) for a in (slope, full, c))
     lam = smallest_level(lambda t: jnp.sum(jnp.minimum(t[:, None] * slope, full), axis=1) >= c, slope, full, c)
-    return lam.astype(dtype)
+    return lam.astype(slope.dtype)
 
 
 def _greedy_l1(w_abs: jax.Array, room: jax.Array, c: jax.Array) -> jax.Array:
@@ -82,8 +80,8 @@ def hyperplane_box_projection(
 
     Every coordinate moves along ``sign(c w_i)`` within the room the box leaves it. For l2
     ``d_i = clip(lam w_i, -point_i, 1 - point_i)``, for linf ``|d_i| = min(lam, room_i)``
-    with ``lam`` the smallest level at which ``<w, d(lam)>`` reaches ``c`` (:func:`_level`); for l1 the coordinates with
-    the largest ``|w_i|`` move first. If the box keeps ``<w, d>`` from reaching ``c``,
+    with ``lam`` the smallest level at which ``<w, d(lam)>`` reaches ``c`` (:func:`_level`);
+    for l1 the coordinates with the largest ``|w_i|`` move first. If the box keeps ``<w, d>`` from reaching ``c``,
     every coordinate moves to the box in its direction (the closest the box allows).
     """
     sign = jnp.where(c < 0, -1.0, 1.0)

@@ -30,10 +30,8 @@ def _soft_threshold_level(mag: jax.Array, room: jax.Array, eps: jax.Array) -> ja
     ``h`` is non-increasing in ``lam``, so a binary search finds it
     (:func:`~robustjax.attacks.levels.smallest_level`).
     """
-    dtype = mag.dtype
-    mag, room, eps = (a.astype(jnp.float32) for a in (mag, room, eps))
     level = smallest_level(lambda t: jnp.sum(jnp.clip(mag - t[:, None], 0.0, room), axis=1) <= eps, mag, room, eps)
-    return level.astype(dtype)
+    return level.astype(mag.dtype)
 
 
 def project_l1_box(
@@ -45,9 +43,9 @@ def project_l1_box(
     ``d_j = sign(v_j) * clip(|v_j| - lam, 0, r_j)`` with ``r_j = 1 - x_j`` where
     ``v_j > 0`` and ``r_j = x_j`` otherwise (the room the box leaves in the direction of
     ``v_j``), and ``lam >= 0`` the smallest threshold that meets the budget (``lam = 0``
-    when the box alone does). ``lam`` is found by a binary search on the budget
-    as a function of ``lam`` (AutoAttack's ``L1_projection`` sorts its kinks instead). ``x`` must lie in
-    [0, 1]; ``eps`` is a scalar or one radius per example.
+    when the box alone does). ``lam`` is found by a binary search on the budget as a
+    function of ``lam`` (AutoAttack's ``L1_projection`` sorts its kinks instead). ``x``
+    must lie in [0, 1]; ``eps`` is a scalar or one radius per example.
     """
     batch = x.shape[0]
     v, x_flat = _flat(delta), _flat(x)
