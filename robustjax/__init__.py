@@ -1,11 +1,29 @@
-"""robustjax: fast, jit-compiled robustness evaluation of image classifiers in JAX."""
+"""robustjax: fast, jit-compiled robustness evaluation of image classifiers in JAX.
+
+The sub-packages are imported on first use (PEP 562), so that ``import robustjax`` and the
+command line's ``--help`` do not pay for JAX.
+"""
+
+import importlib
 
 from robustjax.xla_flags import apply_default_flags
 
 apply_default_flags()  # before JAX creates its backends
 
-from robustjax import attacks, data, metrics, nas, noise, zoo  # noqa: E402
-from robustjax.classifier import Classifier  # noqa: E402
-
 __version__ = "0.1.0"
-__all__ = ["Classifier", "attacks", "data", "metrics", "nas", "noise", "zoo", "__version__"]
+_SUBPACKAGES = ("attacks", "data", "metrics", "nas", "noise", "zoo")
+__all__ = ["Classifier", *_SUBPACKAGES, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"robustjax.{name}")
+    if name == "Classifier":
+        from robustjax.classifier import Classifier
+
+        return Classifier
+    raise AttributeError(f"module 'robustjax' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

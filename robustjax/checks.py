@@ -71,8 +71,9 @@ def as_images(x, *, name: str = "x", input_shape: tuple[int, ...] | None = None)
     return jnp.asarray(x, jnp.float32)
 
 
-def check_labels(y, *, num_classes: int, batch_size: int, name: str = "y") -> None:
-    """Labels must be integers of shape (B,) in [0, num_classes)."""
+def check_labels(y, *, num_classes: int | None, batch_size: int, name: str = "y") -> None:
+    """Labels must be integers of shape (B,) in [0, num_classes) (from 0 when ``num_classes``
+    is None); an error lists the offending values."""
     if not hasattr(y, "shape") or not hasattr(y, "dtype"):
         raise TypeError(f"{name} must be an int array of labels, got {type(y).__name__}")
     if y.shape != (batch_size,):
@@ -82,11 +83,18 @@ def check_labels(y, *, num_classes: int, batch_size: int, name: str = "y") -> No
     values = concrete_values(y)
     if values is None or values.size == 0:
         return
-    lo, hi = int(values.min()), int(values.max())
-    if lo < 0 or hi >= num_classes:
-        raise ValueError(
-            f"{name} must be class indices in [0, {num_classes}), got range [{lo}, {hi}]"
-        )
+    if values.min() >= 0 and (num_classes is None or values.max() < num_classes):
+        return
+    bad = values < 0 if num_classes is None else (values < 0) | (values >= num_classes)
+    found, counts = np.unique(values[bad], return_counts=True)
+    pairs = zip(found[:5].tolist(), counts[:5].tolist())
+    listed = [f"{value} ({count} label{'s' * (count > 1)})" for value, count in pairs]
+    if found.size > 5:
+        listed.append(f"{found.size - 5} more value{'s' * (found.size > 6)}")
+    *first, last = listed
+    found_text = f"{', '.join(first)} and {last}" if first else last
+    expected = "from 0" if num_classes is None else f"in [0, {num_classes})"
+    raise ValueError(f"{name} must be class indices {expected}, found {found_text}")
 
 
 def check_batch(classifier, x, y, target=None) -> None:

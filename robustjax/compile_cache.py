@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import jax
-
 # Where `evaluate` keeps compiled XLA programs between runs; "off" keeps none.
 DEFAULT_COMPILE_CACHE = os.environ.get(
     "ROBUSTJAX_COMPILE_CACHE", str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robustjax" / "xla"))
@@ -19,6 +17,8 @@ def use_compile_cache(directory: str) -> str | None:
     configured for JAX wins. Returns the directory in use, or None."""
     if directory == "off":
         return None
+    import jax  # here, not at the top: the command line's help imports this module
+
     if configured := jax.config.jax_compilation_cache_dir:
         return configured
     try:

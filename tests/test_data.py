@@ -51,7 +51,7 @@ def test_uint8_images_are_scaled_to_unit_interval():
         (np.full((2, 4, 4, 1), np.nan, np.float32), np.zeros(2, int), ValueError, "NaN"),
         (np.zeros((2, 4, 4, 1), np.float32), np.zeros(2, np.float32), TypeError, "labels must be integers"),
         (np.zeros((2, 4, 4, 1), np.int64), np.zeros(2, int), TypeError, "uint8 or float"),
-        (np.zeros((2, 4, 4, 1), np.float32), np.array([0, -1]), ValueError, r"\[0, 2\)"),
+        (np.zeros((2, 4, 4, 1), np.float32), np.array([0, -1]), ValueError, r"class indices from 0, found -1 \(1 label\)"),
     ],
 )
 def test_malformed_arrays_are_refused(images, labels, error, message):

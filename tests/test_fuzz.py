@@ -427,6 +427,6 @@ HOOK_WORKLOAD = textwrap.dedent("""
 def test_errors_under_the_annotation_checker_name_the_argument():
     """Under jaxtyping's import hook with beartype (see test_annotations.py) a malformed
     argument fails its annotation first, with a TypeCheckError (a TypeError) that names it."""
-    done = subprocess.run([sys.executable, "-c", HOOK_WORKLOAD], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-c", HOOK_WORKLOAD], capture_output=True, text=True,
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]

@@ -311,7 +311,6 @@ def test_the_installed_command_finds_a_module_in_the_working_folder(tmp_path):
                                         '[sanity]\nenabled = false\n')
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([command, "evaluate", "--model", "mymodels:my_model", "--plan", "plan.toml",
-                           "--out", "report"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+                           "--out", "report"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "report" / "report.json").exists()

@@ -22,8 +22,10 @@ import pytest
 
 import robustjax as rj
 from robustjax import cli
+from robustjax.cli import evaluate as cli_evaluate
 from robustjax.evaluation import evaluate, plan_from_dict, resume, runner
 from robustjax.evaluation.resume import Finished, ItemStore, StoreMismatch, run_item
+from robustjax.report import read_report
 
 PLAN = """batch_size = 16
 num_examples = 32
@@ -64,7 +66,7 @@ def session_model(digits_clf):
     """In this process the command evaluates the session's digits model (what its default
     `--model digits_cnn` loads; the killed runs load it themselves) instead of building it again."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cli, "load_model", lambda *args, **kwargs: digits_clf)
+        patch.setattr(cli_evaluate, "load_model", lambda *args, **kwargs: digits_clf)
         yield
 
 
@@ -147,7 +149,10 @@ def test_output_folder_problems_are_one_line_before_any_work(problem, message, t
         _read_only(out)
     if problem == "full disk":
         monkeypatch.setattr(resume.shutil, "disk_usage", lambda _: types.SimpleNamespace(free=1 << 10))
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("the model was loaded before the check"))
+    monkeypatch.setattr(cli_evaluate, "evaluate", lambda *a, **k: pytest.fail("the evaluation ran before the check"))
+    if problem != "full disk":  # a folder that cannot hold results is refused even before the model and data load
+        monkeypatch.setattr(cli_evaluate, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+        monkeypatch.setattr(cli_evaluate.data, "load", lambda *a, **k: pytest.fail("the data loaded first"))
     try:
         code, err = _evaluate(capsys, "--plan", "whitebox", "--num-examples", "16", "--out", str(out))
     finally:
@@ -201,6 +206,7 @@ def test_killed_at_random_moments_and_rerun_gives_the_uninterrupted_report(refer
         process.wait(HANG_S)
     before = _stored(items)
     assert kills == 2 and 2 <= len(before) < ITEMS
+    assert read_report(workdir / "killed" / "report.json")["status"] == "killed"  # left "running" by the kill
     (workdir / "killed" / ".report.json.x.tmp").write_text('{"status": ')  # a report write that was killed
     assert cli.main(argv) == 0  # the rerun that completes, in this process
     assert not list((workdir / "killed").glob(".*.tmp"))

@@ -78,7 +78,7 @@ def from_arrays(
 ) -> ImageDataset:
     """An in-memory dataset from NHWC images (uint8, or float in [0, 1]) and int labels.
 
-    ``num_classes`` defaults to ``max(labels) + 1``.
+    Labels must be class indices below ``num_classes`` (default: ``max(labels) + 1``).
     """
     images = np.asarray(images)
     labels = np.asarray(labels)
@@ -94,11 +94,14 @@ def from_arrays(
         raise ValueError(f"{name}: the dataset is empty (images of shape {images.shape})")
     if not np.issubdtype(labels.dtype, np.integer):
         raise TypeError(f"{name}: labels must be integers, got dtype {labels.dtype}")
-    if num_classes is None:
-        num_classes = max(int(labels.max()) + 1, 1)  # negative labels fail their own check below
-    check_positive_int(num_classes, f"{name}: num_classes")
-    if (largest := int(labels.max())) >= num_classes:
-        raise ValueError(f"{name}: labels go up to {largest}, beyond num_classes={num_classes}")
+    if num_classes is not None:
+        check_positive_int(num_classes, f"{name}: num_classes")
+    try:
+        check_labels(labels, num_classes=num_classes, batch_size=labels.shape[0], name=f"{name}: labels")
+    except ValueError as error:
+        given = "" if num_classes is None else f"; fix the labels or num_classes={num_classes}"
+        raise ValueError(f"{error}{given}") from None
+    num_classes = int(labels.max()) + 1 if num_classes is None else num_classes
     dataset = ImageDataset(
         name=name,
         num_examples=int(images.shape[0]),
@@ -109,3 +112,21 @@ def from_arrays(
     )
     dataset.arrays(limit=None)  # validate every example once, up front
     return dataset
+
+
+def with_num_classes(dataset: ImageDataset, num_classes: int | None) -> ImageDataset:
+    """``dataset`` counted as ``num_classes`` classes, which must cover its own (None: as it is)."""
+    if num_classes is None:
+        return dataset
+    check_positive_int(num_classes, "num_classes")
+    if dataset.num_classes > num_classes:
+        raise ValueError(
+            f"dataset {dataset.name!r} has {dataset.num_classes} classes, more than num_classes={num_classes}"
+        )
+    return dataclasses.replace(dataset, num_classes=num_classes)
+
+
+def check_channels(channels: int | None) -> None:
+    """``channels`` must be None (as the images are), 1 (grey) or 3 (RGB)."""
+    if channels not in (None, 1, 3):
+        raise ValueError(f"channels must be 1, 3 or None (as the images are), got {channels!r}")

@@ -1,8 +1,8 @@
 """Any TensorFlow Datasets image-classification set, read without TensorFlow.
 
-Uses ``tfds.data_source`` (random access over prepared ``array_record`` files), so the
-dataset must already be prepared in ``data_dir`` (``tfds build NAME`` or
-``tfds.builder(NAME).download_and_prepare()``); nothing is downloaded here.
+Uses the builder's ``as_data_source`` (random access over prepared ``array_record``
+files), so the dataset must already be prepared in ``data_dir`` (``tfds build NAME
+--file_format array_record``); nothing is downloaded here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from robustjax.data.dataset import ImageDataset
+from robustjax.data.dataset import ImageDataset, check_channels, with_num_classes
 from robustjax.data.preprocess import to_array
 
 
@@ -22,15 +22,20 @@ def from_tfds(
     image_key: str = "image",
     label_key: str = "label",
     image_size: int | None = None,
+    channels: int | None = None,
+    num_classes: int | None = None,
 ) -> ImageDataset:
     """``name`` (e.g. ``cifar10``, ``svhn_cropped``, ``imagenet2012``) and ``split`` from tfds.
 
     Datasets whose images vary in size (ImageNet) need ``image_size``: images are resized
-    (shorter side to ``image_size / 0.875``) and centre-cropped. tensorflow-datasets is
-    imported here rather than with robustjax, which it would slow down.
+    (shorter side to ``image_size / 0.875``) and centre-cropped. ``channels`` (1 or 3)
+    converts the images (grey to RGB or RGB to grey); default: as stored. ``num_classes``
+    (e.g. the model's) must be at least the dataset's; default: the dataset's.
+    tensorflow-datasets is imported here rather than with robustjax, which it would slow down.
     """
     import tensorflow_datasets as tfds
 
+    check_channels(channels)
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as error:
@@ -45,16 +50,17 @@ def from_tfds(
     shape = tuple(image_feature.shape)
     if image_size is None and None in shape[:2]:
         raise ValueError(f"tfds dataset {name!r} has images of varying size {shape}; pass image_size")
-    channels = shape[-1] or 3
+    stored = shape[-1] or 3
+    channels = channels or stored
     try:
-        source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+        source = builder.as_data_source(split=split)
     except Exception as error:  # tfds raises several types for a missing or unprepared split
-        raise ValueError(f"cannot read tfds {name!r} split {split!r}: {error}") from None
+        raise ValueError(_unreadable(builder, name, split, error)) from None
 
     def read(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         examples = [source[int(i)] for i in indices]
         images = [np.asarray(example[image_key]) for example in examples]
-        if image_size is not None:
+        if image_size is not None or channels != stored:
             images = [
                 to_array(Image.fromarray(img.squeeze(-1) if img.shape[-1] == 1 else img),
                          channels=channels, image_size=image_size)
@@ -63,12 +69,31 @@ def from_tfds(
         labels = np.asarray([example[label_key] for example in examples])
         return np.stack(images), labels
 
-    image_shape = (image_size, image_size, channels) if image_size is not None else shape
-    return ImageDataset(
+    height, width = (image_size, image_size) if image_size is not None else shape[:2]
+    dataset = ImageDataset(
         name=f"{name}/{split}",
         num_examples=len(source),
         num_classes=label_feature.num_classes,
-        image_shape=tuple(int(d) for d in image_shape),
+        image_shape=(int(height), int(width), channels),
         read=read,
         class_names=tuple(label_feature.names),
     )
+    return with_num_classes(dataset, num_classes)
+
+
+def _unreadable(builder, name: str, split: str, error: Exception) -> str:
+    """Why ``builder``'s ``split`` cannot be read, and what to do, on one line."""
+    from tensorflow_datasets.core import dataset_info, file_adapters
+
+    root = builder.data_dir_root
+    build = f"tfds build {name} --data_dir {root} --file_format array_record"
+    if not dataset_info.dataset_info_path(builder.data_path).exists():
+        return (f"tfds dataset {name!r} is not prepared in {root}; prepare it with `{build}` "
+                "(robustjax reads array_record files without TensorFlow)")
+    formats = builder.info.available_file_formats()
+    if not formats & file_adapters.FileFormat.with_random_access():
+        stored = ", ".join(sorted(f.value for f in formats))
+        return (f"tfds dataset {name!r} is prepared in {root} as {stored} files, which need TensorFlow; "
+                f"rebuild it with `{build} --overwrite`")
+    first_line = next(iter(str(error).splitlines()), type(error).__name__)
+    return f"cannot read tfds {name!r} split {split!r}: {first_line}"

@@ -51,11 +51,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
-from importlib import resources
 from pathlib import Path
 
 from robustjax import attacks, noise
 from robustjax.attacks.base import Attack
+from robustjax.builtin_plans import builtin_plan_text, builtin_plans
 from robustjax.checks import check_choice, check_positive_int
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 from robustjax.metrics.imperceptibility import L0_DENOMINATORS
@@ -439,12 +439,6 @@ def plan_from_dict(raw: dict) -> Plan:
                 **settings)
 
 
-def builtin_plans() -> list[str]:
-    """Names of the plans that ship with robustjax (``robustjax/evaluation/plans``)."""
-    folder = resources.files("robustjax.evaluation").joinpath("plans")
-    return sorted(entry.name.removesuffix(".toml") for entry in folder.iterdir() if entry.name.endswith(".toml"))
-
-
 def load_plan(spec: str | Path) -> Plan:
     """Reads a ``.toml`` or ``.json`` plan file, or a built-in plan by name (``whitebox``)."""
     path = Path(spec)
@@ -454,7 +448,7 @@ def load_plan(spec: str | Path) -> Plan:
         except UnicodeDecodeError as error:
             raise ValueError(f"plan {path}: not a UTF-8 text file ({error})") from None
     elif str(spec) in builtin_plans():
-        text = resources.files("robustjax.evaluation").joinpath("plans", f"{spec}.toml").read_text()
+        text = builtin_plan_text(str(spec))
         source, is_json = f"built-in plan {spec!r}", False
     else:
         raise ValueError(f"no plan file at {str(spec)!r}, and no built-in plan of that name ({builtin_plans()})")

@@ -38,6 +38,7 @@ from robustjax.evaluation.plan import Plan
 
 ITEMS_FOLDER = "items"
 FINGERPRINT_FILE = "fingerprint.json"
+LOCK_FILE = "lock"
 SECTION_KEY = "section"
 # Room an evaluation needs on disk beyond its per-example masks: the report and item sections.
 DISK_MARGIN_BYTES = 4 << 20
@@ -99,27 +100,47 @@ def expected_bytes(plan: Plan, num_examples: int) -> int:
     return DISK_MARGIN_BYTES + num_examples * (1 + entries)
 
 
-def check_output_folder(folder: str | Path, needed_bytes: int) -> Path:
+def check_output_folder(folder: str | Path) -> Path:
     """Creates ``folder`` and makes sure, before any work, that results can be written there:
-    raises OSError with one clear line when it is (or lies under) a regular file, cannot be
-    written, or its disk has less than ``needed_bytes`` free."""
+    raises OSError with one clear line when it is (or lies under) a regular file or cannot
+    be written."""
     folder = Path(folder)
     for path in (folder, *folder.parents):
         if path.exists():
             if not path.is_dir():
-                raise OSError(f"cannot write results to {folder}: {path} is a file, not a folder")
+                raise OSError(f"cannot write results to {folder}: {path} is a file, not a folder; choose another "
+                              "--out")
             break
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
-        raise OSError(f"cannot write results to {folder}: {error.strerror or error}") from None
+        raise OSError(f"cannot write results to {folder}: {error.strerror or error}; choose another --out") from None
+    return folder
+
+
+def check_free_space(folder: Path, needed_bytes: int) -> None:
+    """Raises OSError with one clear line when the disk of ``folder`` has less than
+    ``needed_bytes`` free."""
     free = shutil.disk_usage(folder).free
     if free < needed_bytes:
         raise OSError(f"cannot write results to {folder}: {free / 2**20:.1f} MiB free on its disk, the evaluation "
                       f"needs about {needed_bytes / 2**20:.1f} MiB; free some space or choose another folder")
-    return folder
+
+
+def store_is_held(folder: str | Path) -> bool | None:
+    """Whether a process (this one included) holds the item store in ``folder`` open for
+    writing; None when there is no store there."""
+    path = Path(folder) / LOCK_FILE
+    if not path.is_file():
+        return None
+    with open(path) as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False  # closing the file released the shared lock
 
 
 def write_atomically(path: Path, write: Callable) -> None:
@@ -151,7 +172,7 @@ class ItemStore:
         without, a store of another evaluation raises :class:`StoreMismatch`."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        lock = open(folder / "lock", "w")  # noqa: SIM115 (held, and so locked, as long as the store lives)
+        lock = open(folder / LOCK_FILE, "w")  # noqa: SIM115 (held, and so locked, as long as the store lives)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -47,7 +47,7 @@ from robustjax.evaluation.resume import Finished, ItemStore, run_item
 from robustjax.evaluation.timing import Timing, timed
 from robustjax.zoo.registry import count_params
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 NORMS = ("linf", "l2", "l1", "l0")
 # Installed distributions whose version can change a figure (model code, numerics, decoders).
 VERSIONED = ("jaxlib", "flax", "numpy", "optax", "pillow", "opencv-python-headless", "opencv-python", "av")
@@ -451,6 +451,21 @@ def evaluate(
         "metrics": None,
         "sanity": None,
     }
+    try:
+        _run_plan(report, classifier, dataset, plan, parallel, profile, reference, on_update, store)
+    except BaseException as error:  # Ctrl-C (or SIGTERM made KeyboardInterrupt), or a bug: say so, then raise
+        report["status"] = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        if not isinstance(error, KeyboardInterrupt):
+            report["error"] = f"{type(error).__name__}: {error}"
+        on_update(report)
+        raise
+    return report
+
+
+def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
+              profile: ImageDataset | None, reference: Classifier | None, on_update: Callable[[dict], None],
+              store: ItemStore | None) -> None:
+    """Fills ``report`` item by item, passing it to ``on_update`` after each."""
     clean = run_item(store, "clean", lambda: _clean_item(classifier, dataset, plan, parallel))
     report["clean"], clean_correct = clean.section, clean.arrays["correct"]
     on_update(report)
@@ -466,8 +481,8 @@ def evaluate(
                                              for params in run.entries()], []
         report["attacks"].extend(sections)
         finished.extend(zip(sections, adversarial_correct))
+        report["worst_case"] = worst_case_section(finished, clean_correct)
         on_update(report)
-    report["worst_case"] = worst_case_section(finished, clean_correct)
 
     def publish(part: str) -> Callable[[dict], None]:
         """Stores a (partial) section in the report and passes the report on."""
@@ -505,4 +520,3 @@ def evaluate(
                   for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity"))
     report["status"] = "incomplete" if failed else "complete"
     on_update(report)
-    return report

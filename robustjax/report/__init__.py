@@ -1,6 +1,13 @@
-"""Reports: the versioned ``report.json`` and a readable summary table."""
+"""Reports: the versioned ``report.json``, reading one back, and readable summary tables."""
 
-from robustjax.report.summary import metrics_table, sanity_table, summary_table
-from robustjax.report.writer import schema, write_report
+from robustjax.report.summary import (
+           attack_table,
+           metrics_table,
+           noise_table,
+           ready_tables,
+           sanity_table,
+)
+from robustjax.report.writer import read_report, schema, write_report
 
-__all__ = ["metrics_table", "sanity_table", "schema", "summary_table", "write_report"]
+__all__ = ["attack_table", "metrics_table", "noise_table", "read_report", "ready_tables", "sanity_table", "schema",
+           "write_report"]

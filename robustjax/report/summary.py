@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 SHOWN_PARAMS = ("eps", "steps")
+NOISE_PARTS = ("corruptions", "sequences", "system_noise")
 
 
 def _percent(value: float | None) -> str:
@@ -17,6 +18,10 @@ def _number(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 
 
+def _seconds(timing: dict) -> str:
+    return f"{timing['wall_s']:.1f} ({timing['compile_s']:.1f})"
+
+
 def _label(section: dict) -> str:
     params = section["params"]
     shown = [f"{k}={_number(params[k]) if isinstance(params[k], float) else params[k]}"
@@ -25,8 +30,8 @@ def _label(section: dict) -> str:
     return " ".join([section["name"], *norm, *shown])
 
 
-def summary_table(report: dict) -> Table:
-    """One row for clean accuracy, one per attack."""
+def attack_table(report: dict) -> Table:
+    """One row for clean accuracy, one per attack, one per worst case over attacks."""
     model, dataset = report["model"]["name"], report["dataset"]
     table = Table(title=f"{model} on {dataset['name']} ({dataset['num_examples']} examples)",
                   box=box.SIMPLE_HEAD, caption="success: share of correctly classified examples the "
@@ -37,47 +42,77 @@ def summary_table(report: dict) -> Table:
         table.add_column(column, justify="right", no_wrap=True)
     clean = report["clean"]
     if clean is not None:
-        timing = clean["timing"]
-        table.add_row("clean", _percent(clean["accuracy"]), "", "", "", "1",
-                      f"{timing['wall_s']:.1f} ({timing['compile_s']:.1f})")
+        table.add_row("clean", _percent(clean["accuracy"]), "", "", "", "1", _seconds(clean["timing"]))
     for section in report["attacks"]:
         if section["status"] != "ok":
             table.add_row(_label(section), "failed", section.get("error", ""), "", "", "", "")
             continue
-        timing, norms = section["timing"], section["perturbation"]
+        norms = section["perturbation"]
         table.add_row(
             _label(section), _percent(section["robust_accuracy"]), _percent(section["attack_success_rate"]),
             _number(norms["linf_mean"]), _number(norms["l2_mean"]), f"{section['queries_mean']:.1f}",
-            f"{timing['wall_s']:.1f} ({timing['compile_s']:.1f})",
+            _seconds(section["timing"]),
         )
     for entry in report.get("worst_case", []):
         table.add_row(f"worst case of {', '.join(entry['attacks'])} {entry['norm']} eps={_number(entry['eps'])}",
                       _percent(entry["robust_accuracy"]), "", "", "", "", "")
+    return table
+
+
+def noise_table(report: dict) -> Table | None:
+    """One row per corruption (accuracy, mean over severities) and for mCE, one per
+    perturbation sequence (flip probability), one for system noise (mean accuracy over the
+    decoder x resize variants); None when the report has none of these sections."""
+    if all(report.get(part) is None for part in NOISE_PARTS):
+        return None
+    table = Table(title="natural and system noise", box=box.SIMPLE_HEAD,
+                  caption="time: seconds, of which compiling")
+    table.add_column("evaluation", ratio=1)
+    table.add_column("result", justify="right", no_wrap=True)
+    table.add_column("time", justify="right", no_wrap=True)
     corruptions = report.get("corruptions")
     if corruptions is not None:
         for entry in corruptions.get("per_corruption", []):
-            table.add_row(f"{entry['name']} (mean of severities)", _percent(1 - entry["mean_error"]),
-                          "", "", "", "1", "")
+            table.add_row(f"{entry['name']}: accuracy, mean of severities", _percent(1 - entry["mean_error"]), "")
         for failure in corruptions["failed"]:
-            table.add_row(failure["name"], "failed", failure["error"], "", "", "", "")
+            table.add_row(f"{failure['name']}: failed ({failure['error']})", "", "")
         if corruptions.get("mce") is not None:
-            table.add_row(f"mCE {_percent(corruptions['mce'])}, relative mCE {_percent(corruptions['relative_mce'])}",
-                          "", "", "", "", "", "")
+            table.add_row("mCE (relative mCE)", f"{_percent(corruptions['mce'])} "
+                          f"({_percent(corruptions['relative_mce'])})", "")
     sequences = report.get("sequences")
     if sequences is not None:
         for entry in sequences["results"]:
-            table.add_row(f"{entry['name']} sequence: flip probability", _percent(entry["flip_probability"]),
-                          "", "", "", "1", "")
+            table.add_row(f"{entry['name']} sequence: flip probability", _percent(entry["flip_probability"]), "")
         for failure in sequences["failed"]:
-            table.add_row(f"{failure['name']} sequence", "failed", failure["error"], "", "", "", "")
+            table.add_row(f"{failure['name']} sequence: failed ({failure['error']})", "", "")
     system = report.get("system_noise")
     if system is not None and system["status"] == "failed":
-        table.add_row("system noise", "failed", system["error"], "", "", "", "")
+        table.add_row(f"system noise: failed ({system['error']})", "", "")
     elif system is not None:
-        table.add_row(f"system noise: mean of {len(system['results'])} decoder x resize variants "
-                      f"(std {_percent(system['std_accuracy'])})", _percent(system["mean_accuracy"]), "", "", "", "1",
-                      f"{system['timing']['wall_s']:.1f} ({system['timing']['compile_s']:.1f})")
+        table.add_row(f"system noise: accuracy, mean of {len(system['results'])} decoder x resize variants "
+                      f"(std {_percent(system['std_accuracy'])})", _percent(system["mean_accuracy"]),
+                      _seconds(system["timing"]))
     return table
+
+
+def ready_tables(report: dict, num_attack_entries: int) -> dict[str, Table | Text]:
+    """The tables of the sections of ``report`` that are finished, by section (``attacks``,
+    ``noise``, ``metrics``, ``sanity``), so that a running evaluation can print each as soon
+    as it is final. ``num_attack_entries`` is how many attack entries the plan runs."""
+    def final(part: str) -> bool:
+        return report.get(part) is not None and report[part]["status"] != "running"
+
+    ready = {}
+    if report["clean"] is not None and len(report["attacks"]) == num_attack_entries:
+        ready["attacks"] = attack_table(report)
+    planned_noise = [part for part in NOISE_PARTS if report["plan"].get(part) is not None]
+    if planned_noise and all(final(part) for part in planned_noise):
+        ready["noise"] = noise_table(report)
+    if final("metrics"):
+        ready["metrics"] = metrics_table(report)
+    if final("sanity"):
+        ready["sanity"] = sanity_table(report)
+    return ready
 
 
 def metrics_table(report: dict) -> Table | None:

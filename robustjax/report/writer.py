@@ -1,4 +1,4 @@
-"""Writing ``report.json`` atomically, and its JSON Schema."""
+"""Writing ``report.json`` atomically, reading it back, and its JSON Schema."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from robustjax.evaluation.resume import write_atomically
+from robustjax.evaluation.resume import ITEMS_FOLDER, store_is_held, write_atomically
+from robustjax.evaluation.runner import SCHEMA_VERSION
 
 
 def write_report(path: str | Path, report: dict) -> None:
@@ -16,6 +17,25 @@ def write_report(path: str | Path, report: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"
     write_atomically(path, lambda f: f.write(text.encode()))
+
+
+def read_report(path: str | Path) -> dict:
+    """The report in ``path``. One of a newer schema than this robustjax writes is refused.
+    A report still ``running`` whose writer is gone (its output folder's item store is no
+    longer locked: the process was killed) comes back with status ``killed``."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read the report {path}: {error}") from None
+    if not isinstance(report, dict) or not isinstance(report.get("schema_version"), int):
+        raise ValueError(f"{path} is not a robustjax report (no schema_version)")
+    if report["schema_version"] > SCHEMA_VERSION:
+        raise ValueError(f"{path} has schema version {report['schema_version']}, newer than this robustjax reads "
+                         f"({SCHEMA_VERSION}); upgrade robustjax to read it")
+    if report.get("status") == "running" and store_is_held(path.parent / ITEMS_FOLDER) is False:
+        report["status"] = "killed"
+    return report
 
 
 def schema() -> dict:

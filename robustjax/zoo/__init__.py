@@ -31,3 +31,6 @@ from robustjax.zoo.repvgg import reparameterize as repvgg_reparameterize
 
 __all__ = ["card", "convert_checkpoint", "count_flops", "count_params", "create", "from_torch", "get_entry",
            "list_models", "load", "register_model", "repvgg_reparameterize"]
+
+# The NAS spaces' models (nas.SPACE) register themselves; imported last because they use the zoo.
+from robustjax.nas import models as _nas_models  # noqa: E402, F401

@@ -34,6 +34,16 @@ class ModelEntry:
 _MODELS: Registry[ModelEntry] = Registry("model")
 
 
+class MissingWeights(ValueError):
+    """A pretrained model was asked for, and the zoo has no weights for it."""
+
+    def __init__(self, name: str):
+        super().__init__(f"model {name!r} has no pretrained weights; pass pretrained=False for random weights, or "
+                         f"convert a PyTorch checkpoint with `robustjax zoo convert {name} CHECKPOINT --out DIR` "
+                         "and pass weights=DIR")
+        self.name = name
+
+
 def register_model(
     name: str,
     *,
@@ -67,11 +77,7 @@ def _random_weights_only(name: str, build: Callable[..., Classifier]) -> Callabl
     @functools.wraps(build)
     def build_random(*, pretrained: bool = False, **kwargs) -> Classifier:
         if pretrained:
-            raise ValueError(
-                f"model {name!r} has no pretrained weights; pass pretrained=False for random weights, or convert "
-                f"a PyTorch checkpoint with `robustjax zoo convert {name} CHECKPOINT --out DIR` and pass "
-                "weights=DIR (on the command line: --weights DIR)"
-            )
+            raise MissingWeights(name)
         return build(**kwargs)
 
     return build_random

@@ -21,8 +21,9 @@ import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from robustjax import data, nas
-from robustjax.cli_nas import parse_ids
+from robustjax import nas
+from robustjax.cli import DEFAULT_DATASET
+from robustjax.cli.nas import parse_ids
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE, use_compile_cache
 from robustjax.evaluation import load_plan
 from robustjax.nas.recalibrate import DEFAULT_IMAGES
@@ -164,9 +165,10 @@ def cmd_sweep_analyze(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def add_sweep_commands(commands: argparse._SubParsersAction) -> None:
-    sweep_cmd = commands.add_parser("sweep", help="a plan over many networks, resumable, on one machine or Ray")
-    sub = sweep_cmd.add_subparsers(dest="sweep_command", required=True)
+def add_arguments(group: argparse.ArgumentParser) -> None:
+    """The group's commands under its parser ``group``; ``robustjax.cli.parser`` calls this only when
+    one of them is given."""
+    sub = group.add_subparsers(dest="sweep_command", required=True)
     run = sub.add_parser("run", help="run (or resume) a sweep into a SQLite database")
     run.add_argument("--db", required=True, help="the sweep's SQLite database (made, or resumed)")
     run.add_argument("--space", help=f"NAS search space (default: {DEFAULT_SPACE}; see `robustjax nas list`)")
@@ -179,7 +181,7 @@ def add_sweep_commands(commands: argparse._SubParsersAction) -> None:
                      "clean, [[attacks]], [corruptions] and [system_noise] apply")
     run.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
     run.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
-    run.add_argument("--dataset", default=data.DEFAULT_DATASET, help="(default: %(default)s; its train split "
+    run.add_argument("--dataset", default=DEFAULT_DATASET, help="(default: %(default)s; its train split "
                      "recalibrates batch norm)")
     run.add_argument("--split", default="test", help="(default: %(default)s)")
     run.add_argument("--data-dir", help="tfds data directory")

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
+from robustjax.cli import DEFAULT_DATASET
 from robustjax.evaluation import default_plan, load_plan
 from robustjax.evaluation.items import check_population_plan
 from robustjax.evaluation.population import evaluate_population
@@ -143,9 +144,10 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def add_nas_commands(commands: argparse._SubParsersAction) -> None:
-    nas_cmd = commands.add_parser("nas", help="NAS search spaces and supernets")
-    nas_sub = nas_cmd.add_subparsers(dest="nas_command", required=True)
+def add_arguments(group: argparse.ArgumentParser) -> None:
+    """The group's commands under its parser ``group``; ``robustjax.cli.parser`` calls this only when
+    one of them is given."""
+    nas_sub = group.add_subparsers(dest="nas_command", required=True)
     listing = nas_sub.add_parser("list", help="list the search spaces")
     listing.set_defaults(run=cmd_nas_list)
     card = nas_sub.add_parser("card", help="print one network's card: id, config, parameters, FLOPs")
@@ -155,7 +157,7 @@ def add_nas_commands(commands: argparse._SubParsersAction) -> None:
     train = nas_sub.add_parser("train", help="train (or resume training) a supernet: sandwich rule or single path")
     train.add_argument("space", help="search space (see `robustjax nas list`)")
     train.add_argument("--out", required=True, help="folder for checkpoints/ and the trained supernet")
-    train.add_argument("--dataset", default=data.DEFAULT_DATASET, help="training set (default: %(default)s)")
+    train.add_argument("--dataset", default=DEFAULT_DATASET, help="training set (default: %(default)s)")
     train.add_argument("--data-dir", help="tfds data directory")
     defaults = nas.TrainSettings()
     train.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps (default: %(default)s)")
@@ -173,7 +175,7 @@ def add_nas_commands(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--plan", help="plan file or built-in plan; clean, [[attacks]] and [corruptions] apply "
                     "(default: the digits plan's attacks)")
     ev.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
-    ev.add_argument("--dataset", default=data.DEFAULT_DATASET, help="(default: %(default)s; its train split "
+    ev.add_argument("--dataset", default=DEFAULT_DATASET, help="(default: %(default)s; its train split "
                     "recalibrates batch norm)")
     ev.add_argument("--split", default="test", help="(default: %(default)s)")
     ev.add_argument("--data-dir", help="tfds data directory")

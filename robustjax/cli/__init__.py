@@ -1,0 +1,139 @@
+"""The ``robustjax`` command line.
+
+    robustjax evaluate [--model M] [--dataset D] [--split S] [--plan FILE] [--out DIR] ...
+    robustjax report PATH
+    robustjax zoo list [PATTERN] | card NAME | convert NAME CHECKPOINT --out DIR
+    robustjax nas list | card SPACE ARCH | train SPACE --out DIR | evaluate SPACE ...
+    robustjax sweep run | status | export | analyze
+
+This module builds the parser without importing JAX, so that ``--help`` answers at once:
+each command's module is imported when the command runs, and the ``nas`` and ``sweep``
+groups define their arguments in their own modules, imported only when one of their
+commands is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+
+from robustjax.builtin_plans import builtin_plans
+from robustjax.compile_cache import DEFAULT_COMPILE_CACHE
+
+DEFAULT_MODEL = "digits_cnn"
+DEFAULT_DATASET = "digits"
+DEFAULT_OUT = "robustjax-report"
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
+# Command groups whose arguments their module defines, and the help line each shows in ``--help``.
+GROUPS = {
+    "nas": ("robustjax.cli.nas", "NAS search spaces, supernets, and many networks evaluated as populations"),
+    "sweep": ("robustjax.cli.sweep", "a plan over many networks, resumable, on one machine or Ray"),
+}
+
+
+def command(module: str, function: str) -> Callable[[argparse.Namespace, Console], int]:
+    """``module.function``, imported when the command runs."""
+    def run(args: argparse.Namespace, console: Console) -> int:
+        return getattr(importlib.import_module(module), function)(args, console)
+
+    return run
+
+
+def _add_evaluate(commands: argparse._SubParsersAction) -> None:
+    ev = commands.add_parser("evaluate", help="run an evaluation plan and write report.json")
+    ev.add_argument("--model", default=DEFAULT_MODEL, help="zoo name or package.module:function (default: %(default)s)")
+    ev.add_argument("--dataset", default=DEFAULT_DATASET,
+                    help="digits, tfds:NAME, a .npz file or an image folder (default: %(default)s)")
+    ev.add_argument("--split", default="test", help="dataset split (default: %(default)s)")
+    ev.add_argument("--plan", help=f"TOML or JSON plan file, or a built-in plan: {', '.join(builtin_plans())} "
+                    "(default: digits for the digits, default otherwise)")
+    ev.add_argument("--weights", help="folder of converted weights for a zoo model (see `zoo convert`)")
+    ev.add_argument("--random-weights", action="store_true", help="evaluate a zoo model with random initial "
+                    "weights (to time it; its accuracy means nothing)")
+    ev.add_argument("--arch", help="for a NAS model (nas.SPACE): the network, as an id, arch string or subnet name")
+    ev.add_argument("--supernet", help="for a NAS model: a folder from `nas train` to take the weights from "
+                    "(batch norm recalibrated on 4,096 images of the dataset's train split)")
+    ev.add_argument("--out", default=DEFAULT_OUT, help="output folder for report.json and items/, the finished "
+                    "items a rerun resumes from (default: %(default)s)")
+    ev.add_argument("--fresh", action="store_true", help="discard the items an earlier run kept in the output "
+                    "folder and start over (needed when the plan, model, data or environment changed)")
+    ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
+    ev.add_argument("--image-size", type=int, help="resize and centre-crop images to this size")
+    ev.add_argument("--data-dir", help="tfds data directory")
+    ev.add_argument("--compile-cache", default=DEFAULT_COMPILE_CACHE,
+                    help="folder that keeps compiled programs between runs, or 'off' (default: %(default)s; "
+                         "environment: ROBUSTJAX_COMPILE_CACHE)")
+    ev.set_defaults(run=command("robustjax.cli.evaluate", "cmd_evaluate"))
+
+
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser("report", help="print the tables of a report.json, and how far its run got")
+    report.add_argument("path", help="a report.json, or the output folder of `robustjax evaluate`")
+    report.set_defaults(run=command("robustjax.cli.report", "cmd_report"))
+
+
+def _add_zoo(commands: argparse._SubParsersAction) -> None:
+    zoo_cmd = commands.add_parser("zoo", help="the model zoo")
+    zoo_sub = zoo_cmd.add_subparsers(dest="zoo_command", required=True)
+    listing = zoo_sub.add_parser("list", help="list registered models")
+    listing.add_argument("pattern", nargs="?", default="*", help="glob pattern (default: all)")
+    listing.set_defaults(run=command("robustjax.cli.zoo", "cmd_zoo_list"))
+    card = zoo_sub.add_parser("card", help="print a model's card: parameters, FLOPs, input, normalisation")
+    card.add_argument("name")
+    card.set_defaults(run=command("robustjax.cli.zoo", "cmd_zoo_card"))
+    convert = zoo_sub.add_parser("convert", help="convert a PyTorch checkpoint (safetensors or weights-only .pt)")
+    convert.add_argument("name", help="zoo model the checkpoint belongs to")
+    convert.add_argument("checkpoint", help=".safetensors, .pt, .pth, .bin or .ckpt file")
+    convert.add_argument("--out", required=True, help="folder to write weights/ and card.json to")
+    convert.add_argument("--num-classes", type=int, help="class count of the checkpoint's head (default: the model's)")
+    convert.add_argument("--arch", help="for a NAS model (nas.SPACE): the network the checkpoint holds")
+    convert.set_defaults(run=command("robustjax.cli.zoo", "cmd_zoo_convert"))
+
+
+def parser(group: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``group`` (``nas`` or ``sweep``), that group's
+    commands are defined in full (importing their module), the others by their help line."""
+    main = argparse.ArgumentParser(prog="robustjax", description="Robustness evaluation of image classifiers in JAX.")
+    commands = main.add_subparsers(dest="command", required=True)
+    _add_evaluate(commands)
+    _add_report(commands)
+    _add_zoo(commands)
+    for name, (module, help_line) in GROUPS.items():
+        group_parser = commands.add_parser(name, help=help_line)
+        if name == group:
+            importlib.import_module(module).add_arguments(group_parser)
+    return main
+
+
+def find_user_modules() -> None:
+    """Lets ``--model mymodels:my_model`` import ``mymodels.py`` from the working folder.
+
+    ``python -m`` and ``python script.py`` put a folder on ``sys.path``; an installed
+    console script does not, so the command adds the working folder itself (last, so
+    that a file there never shadows an installed package).
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    find_user_modules()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser(argv[0] if argv and argv[0] in GROUPS else None).parse_args(argv)
+    console = Console()
+    errors = Console(stderr=True, soft_wrap=True)  # soft wrap: each message stays one line
+    try:
+        return args.run(args, console)
+    except (ValueError, TypeError, OSError, ImportError) as error:
+        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        errors.print("interrupted", highlight=False)  # the command said what it kept, where it could
+        return EXIT_INTERRUPTED

@@ -1,0 +1,140 @@
+"""``robustjax evaluate``: a plan over one model, its report written as each item finishes
+and its tables printed as each section does."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+from rich.console import Console
+
+from robustjax import data, zoo
+from robustjax.classifier import Classifier
+from robustjax.cli import EXIT_INTERRUPTED
+from robustjax.cli.nas import load_nas_model
+from robustjax.compile_cache import use_compile_cache
+from robustjax.evaluation import default_plan, evaluate, load_plan, resume
+from robustjax.evaluation.runner import environment, num_evaluated
+from robustjax.report import read_report, ready_tables, write_report
+from robustjax.zoo.registry import MissingWeights
+
+ENDED_EARLY = {"killed": "was killed", "interrupted": "was interrupted", "failed": "failed"}
+
+
+def load_model(args: argparse.Namespace, calibration: data.ImageDataset | None = None) -> Classifier:
+    """The model ``--model`` names: a zoo model (bundled, converted ``--weights`` or
+    ``--random-weights``), a NAS network (``--arch``, ``--supernet``, recalibrated on
+    ``calibration``), or ``package.module:function`` returning a :class:`Classifier`."""
+    if args.random_weights and (args.weights is not None or ":" in args.model):
+        raise ValueError("--random-weights applies to zoo models without --weights")
+    if args.arch is not None or args.supernet is not None:
+        return load_nas_model(args.model, args.weights, arch=args.arch, supernet=args.supernet,
+                              calibration=calibration)
+    try:
+        return zoo.create(args.model, pretrained=False) if args.random_weights else zoo.load(args.model,
+                                                                                           weights=args.weights)
+    except MissingWeights as missing:
+        raise ValueError(f"model {missing.name!r} has no pretrained weights in robustjax: convert a PyTorch "
+                         f"checkpoint with `robustjax zoo convert {missing.name} CHECKPOINT --out DIR` and pass "
+                         "--weights DIR, or pass --random-weights to time it with random weights") from None
+
+
+def _metric_inputs(plan, args: argparse.Namespace, console: Console) -> tuple[data.ImageDataset | None,
+                                                                              Classifier | None]:
+    """The metrics section's profiling set (the plan's split of the evaluated dataset) and
+    reference model. A dataset without splits (.npz, image folder) or without that split
+    profiles nothing: the metrics that need neuron bounds are then reported as skipped."""
+    if plan.metrics is None:
+        return None, None
+    reference = None if plan.metrics.reference is None else zoo.load(plan.metrics.reference)
+    split = plan.metrics.profile_split
+    if args.dataset != "digits" and not args.dataset.startswith("tfds:"):
+        console.print(f"note: {args.dataset} has no {split!r} split to profile neuron bounds on; "
+                      "KMNC, NBC and SNAC will be skipped", highlight=False)
+        return None, reference
+    try:
+        profile = data.load(args.dataset, split, image_size=args.image_size, data_dir=args.data_dir)
+    except ValueError as error:
+        console.print(f"note: no profiling set ({error}); KMNC, NBC and SNAC will be skipped", highlight=False)
+        profile = None
+    return profile, reference
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM (a scheduler's or ``kill``'s stop) ends the run as Ctrl-C does."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _previous_run(out: Path) -> str | None:
+    """The status of the report an earlier run left in ``out``, if any can be read."""
+    try:
+        return read_report(out)["status"] if out.is_file() else None
+    except ValueError:
+        return None
+
+
+def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
+    """Runs the plan, keeping each finished item in OUT/items (``evaluation.resume``): a
+    rerun into the same folder reuses them, and refuses those of another evaluation unless
+    ``--fresh`` discards them. Every check of the input runs before the long work starts."""
+    folder = resume.check_output_folder(args.out)
+    use_compile_cache(args.compile_cache)
+    plan = load_plan(args.plan) if args.plan else default_plan(args.dataset)
+    if args.num_examples is not None:
+        plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    calibration = None
+    if args.supernet is not None:
+        calibration = data.load(args.dataset, "train", image_size=args.image_size, data_dir=args.data_dir)
+    classifier = load_model(args, calibration)
+    dataset = data.load(args.dataset, args.split, image_size=args.image_size, data_dir=args.data_dir,
+                        num_classes=classifier.num_classes, channels=classifier.input_shape[-1])
+    resume.check_free_space(folder, resume.expected_bytes(plan, num_evaluated(dataset, plan)))
+    profile, reference = _metric_inputs(plan, args, console)
+    out = folder / "report.json"
+    fingerprint = resume.fingerprint(classifier, dataset, plan, environment(), profile=profile, reference=reference)
+    previous = _previous_run(out)
+    num_attack_entries = sum(len(run.entries()) for run in plan.runs)
+    printed = set()
+
+    def update(report: dict) -> None:
+        write_report(out, report)
+        for section, table in ready_tables(report, num_attack_entries).items():
+            if section not in printed and table is not None:
+                console.print(table)
+                printed.add(section)
+
+    with resume.ItemStore.open(folder / resume.ITEMS_FOLDER, fingerprint, fresh=args.fresh) as store:
+        for leftover in folder.glob(f".{out.name}.*.tmp"):  # of a killed run (the store's lock is ours)
+            leftover.unlink()
+        done = store.names()
+        console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
+                      f"clean accuracy and {num_attack_entries} attack run(s)"
+                      f"{'' if plan.metrics is None else ', the 23 metrics'}; report in {out}")
+        if previous in ENDED_EARLY:
+            console.print(f"the earlier run into {folder} {ENDED_EARLY[previous]} before it finished", highlight=False)
+        if done:
+            console.print(f"resuming: {len(done)} finished item(s) in {store.folder} are reused "
+                          "(--fresh starts over)", highlight=False)
+        try:
+            with sigterm_as_interrupt():
+                report = evaluate(classifier, dataset, plan, profile=profile, reference=reference,
+                                  on_update=update, store=store)
+        except KeyboardInterrupt:
+            console.print(f"interrupted: {len(store.names())} finished item(s) are kept in {store.folder} and "
+                          f"{out} has them (status \"interrupted\"); rerun the same command to resume",
+                          highlight=False, soft_wrap=True)
+            return EXIT_INTERRUPTED
+    console.print(f"report written to {out}")
+    return 0 if report["status"] == "complete" else 1

@@ -1,0 +1,34 @@
+"""``robustjax report PATH``: the tables of a ``report.json``, and how far its run got."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from robustjax.report import attack_table, metrics_table, noise_table, read_report, sanity_table
+
+STATUS_LINES = {
+    "complete": "complete",
+    "incomplete": "finished, but some items failed (their errors are in the tables)",
+    "running": "still running (another process is writing it)",
+    "interrupted": "interrupted before it finished; rerun the same `robustjax evaluate` to resume",
+    "killed": "ended before it finished: its process was killed; rerun the same `robustjax evaluate` to resume",
+    "failed": "failed",
+}
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    path = Path(args.path)
+    path = path / "report.json" if path.is_dir() else path
+    report = read_report(path)
+    for table in (attack_table(report), noise_table(report), metrics_table(report), sanity_table(report)):
+        if table is not None:
+            console.print(table)
+    status = report["status"]
+    line = STATUS_LINES.get(status, status)
+    if status == "failed":
+        line += f": {report.get('error', 'no error recorded')}"
+    console.print(f"{path}: {line}", highlight=False, soft_wrap=True)
+    return 0
