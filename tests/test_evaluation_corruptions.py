@@ -31,7 +31,7 @@ def test_named_sets_expand_to_the_benchmark_corruptions():
     ({"names": ["speckle_noise"], "baseline": "alexnet"}, r"no errors for \['speckle_noise'\]"),
     ({"severities": [1, 2], "baseline": "alexnet"}, "needs all severities"),
     ({"baseline": "vgg"}, "baseline must be one of"),
-    ({"levels": [1]}, r"unknown key\(s\) \['levels'\]"),
+    ({"levels": [1]}, r"\[corruptions\]: unknown key\(s\) 'levels'"),
 ])
 def test_malformed_corruption_tables_are_named(table, message):
     with pytest.raises(ValueError, match=message):
@@ -124,7 +124,7 @@ def test_sequence_tables_are_validated():
                            ({"difficulty": 4}, "difficulty must be 1, 2 or 3"),
                            ({"length": 1}, "length must be an integer >= 2"),
                            ({"batch_size": 0}, "sequences.batch_size must be an integer >= 1"),
-                           ({"frames": 3}, r"unknown key\(s\) \['frames'\]")]:
+                           ({"frames": 3}, r"\[sequences\]: unknown key\(s\) 'frames'")]:
         with pytest.raises(ValueError, match=message):
             plan_from_dict({"sequences": table})
 
@@ -151,7 +151,7 @@ def test_system_noise_tables_are_validated():
                            ({"resizes": ["pil-spline"]}, "unknown resize mode 'pil-spline'"),
                            ({"resizes": []}, "non-empty list"),
                            ({"quality": 0}, "quality must be an integer from 1 to 100"),
-                           ({"interpolation": "x"}, r"unknown key\(s\) \['interpolation'\]")]:
+                           ({"interpolation": "x"}, r"\[system_noise\]: unknown key\(s\) 'interpolation'")]:
         with pytest.raises(ValueError, match=message):
             plan_from_dict({"system_noise": table})
 

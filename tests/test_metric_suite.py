@@ -186,7 +186,7 @@ def test_a_reference_for_other_inputs_is_refused(models, datasets):
         ({"attack": {"name": "nope"}}, "metrics.attack"),
         ({"conv_neuron": "pixel"}, "conv_neuron"),
         ({"mce_baseline": "alexnet"}, "the alexnet baseline needs all severities"),
-        ({"colour": 1}, "unknown key(s) ['colour']"),
+        ({"colour": 1}, "[metrics]: unknown key(s) 'colour'"),
     ],
 )
 def test_bad_metrics_settings_are_refused_when_the_plan_is_read(change, message):

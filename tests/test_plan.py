@@ -3,6 +3,7 @@ import json
 import pytest
 
 import robustjax as rj
+from robustjax.cli import main
 from robustjax.evaluation.plan import builtin_plans, default_plan, load_plan, plan_from_dict
 
 
@@ -37,7 +38,7 @@ def test_a_single_epsilon_without_restarts_is_a_plain_call():
 @pytest.mark.parametrize(
     "raw, message",
     [
-        ({"batch": 3}, r"unknown key\(s\) \['batch'\]"),
+        ({"batch": 3}, r"unknown key\(s\) 'batch' \(did you mean 'batch_size'\?\); allowed keys are"),
         ({"batch_size": 0}, "batch_size must be an integer >= 1"),
         ({"num_examples": -5}, "num_examples must be an integer >= 1"),
         ({"seed": "x"}, "seed must be an integer"),
@@ -71,3 +72,20 @@ def test_builtin_plans_load_by_name():
         assert load_plan(name).runs
     whitebox = {run.attack.name for run in load_plan("whitebox").runs}
     assert whitebox >= {"fgsm", "pgd", "mifgsm", "cw_l2", "deepfool"}
+
+
+@pytest.mark.parametrize("name", builtin_plans())
+def test_plan_show_prints_the_built_in_plan_that_plan_check_accepts(name, tmp_path, capsys):
+    assert main(["plan", "show", name]) == 0
+    text = capsys.readouterr().out
+    (tmp_path / "plan.toml").write_text(text)
+    assert load_plan(tmp_path / "plan.toml") == load_plan(name)
+    assert main(["plan", "check", str(tmp_path / "plan.toml")]) == 0
+    assert "a valid plan" in capsys.readouterr().out
+
+
+def test_plan_check_names_the_unknown_key_its_table_and_the_nearest_valid_one(tmp_path, capsys):
+    (tmp_path / "plan.toml").write_text('[[attacks]]\nname = "fgsm"\neps = 0.1\n[sanity]\nstpes = 3\n')
+    assert main(["plan", "check", str(tmp_path / "plan.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "[sanity]: unknown key(s) 'stpes' (did you mean 'steps'?)" in err and len(err.strip().splitlines()) == 1

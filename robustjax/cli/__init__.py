@@ -2,6 +2,7 @@
 
     robustjax evaluate [--model M] [--dataset D] [--split S] [--plan FILE] [--out DIR] ...
     robustjax report PATH
+    robustjax plan show [NAME] | check FILE
     robustjax zoo list [PATTERN] | card NAME | convert NAME CHECKPOINT --out DIR
     robustjax nas list | card SPACE ARCH | train SPACE --out DIR | evaluate SPACE ...
     robustjax sweep run | status | export | analyze
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Callable
 
 from rich.console import Console
+from rich.markup import escape
 
 from robustjax.builtin_plans import builtin_plans
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE
@@ -78,6 +80,18 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
     report.set_defaults(run=command("robustjax.cli.report", "cmd_report"))
 
 
+def _add_plan(commands: argparse._SubParsersAction) -> None:
+    plan = commands.add_parser("plan", help="print a built-in plan to start from, or check a plan file")
+    plan_sub = plan.add_subparsers(dest="plan_command", required=True)
+    show = plan_sub.add_parser("show", help="print a built-in plan as TOML")
+    show.add_argument("name", nargs="?", default="default", choices=builtin_plans(),
+                      help="the built-in plan (default: %(default)s)")
+    show.set_defaults(run=command("robustjax.cli.plan", "cmd_plan_show"))
+    check = plan_sub.add_parser("check", help="validate a TOML or JSON plan file and summarise what it runs")
+    check.add_argument("file")
+    check.set_defaults(run=command("robustjax.cli.plan", "cmd_plan_check"))
+
+
 def _add_zoo(commands: argparse._SubParsersAction) -> None:
     zoo_cmd = commands.add_parser("zoo", help="the model zoo")
     zoo_sub = zoo_cmd.add_subparsers(dest="zoo_command", required=True)
@@ -103,6 +117,7 @@ def parser(group: str | None = None) -> argparse.ArgumentParser:
     commands = main.add_subparsers(dest="command", required=True)
     _add_evaluate(commands)
     _add_report(commands)
+    _add_plan(commands)
     _add_zoo(commands)
     for name, (module, help_line) in GROUPS.items():
         group_parser = commands.add_parser(name, help=help_line)
@@ -132,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args, console)
     except (ValueError, TypeError, OSError, ImportError) as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         errors.print("interrupted", highlight=False)  # the command said what it kept, where it could

@@ -49,6 +49,7 @@ runs, so a malformed plan fails at once with a message naming the bad entry.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -59,7 +60,6 @@ from robustjax.builtin_plans import builtin_plan_text, builtin_plans
 from robustjax.checks import check_choice, check_positive_int
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 from robustjax.metrics.imperceptibility import L0_DENOMINATORS
-from robustjax.registry import unknown_name
 
 PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences", "system_noise", "metrics",
              "sanity"}
@@ -210,13 +210,20 @@ class SanityRun:
         return dataclasses.asdict(self)
 
 
+def _check_keys(raw: dict, allowed: set[str], table: str) -> None:
+    """Refuses keys of plan table ``table`` that are not ``allowed``, naming each with the
+    nearest allowed key (``difflib``) and listing the allowed ones."""
+    if not (unknown := sorted(set(raw) - allowed)):
+        return
+    nearest = {key: difflib.get_close_matches(key, allowed, n=1) for key in unknown}
+    hints = [f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key) for key, close in nearest.items()]
+    raise ValueError(f"plan: {table}: unknown key(s) {', '.join(hints)}; allowed keys are {sorted(allowed)}")
+
+
 def _sanity_run(raw) -> SanityRun:
     if not isinstance(raw, dict):
         raise ValueError(f"plan: 'sanity' must be a table, got {raw!r}")
-    allowed = [f.name for f in dataclasses.fields(SanityRun)]
-    for key in raw:
-        if key not in allowed:
-            raise ValueError(f"plan: {unknown_name('sanity key', key, allowed)}")
+    _check_keys(raw, {f.name for f in dataclasses.fields(SanityRun)}, "[sanity]")
     return SanityRun(**raw)
 
 
@@ -314,8 +321,7 @@ def _check_baseline(baseline: str, names, severities, where: str) -> None:
 def _corruption_run(raw) -> CorruptionRun:
     if not isinstance(raw, dict):
         raise ValueError(f"plan: 'corruptions' must be a table, got {raw!r}")
-    if unknown := sorted(set(raw) - CORRUPTION_KEYS):
-        raise ValueError(f"plan: corruptions: unknown key(s) {unknown}; allowed keys are {sorted(CORRUPTION_KEYS)}")
+    _check_keys(raw, CORRUPTION_KEYS, "[corruptions]")
     names, severities, preset = _corruption_settings(raw, "corruptions", "names")
     baseline = raw.get("baseline")
     if baseline is not None:
@@ -326,9 +332,7 @@ def _corruption_run(raw) -> CorruptionRun:
 def _metrics_run(raw) -> MetricsRun:
     if not isinstance(raw, dict):
         raise ValueError(f"plan: 'metrics' must be a table, got {raw!r}")
-    allowed = {f.name for f in dataclasses.fields(MetricsRun)}
-    if unknown := sorted(set(raw) - allowed):
-        raise ValueError(f"plan: metrics: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}")
+    _check_keys(raw, {f.name for f in dataclasses.fields(MetricsRun)}, "[metrics]")
     entry = raw.get("attack", {"name": "pgd", "norm": "linf", "eps": 8 / 255, "steps": 10})
     if isinstance(entry, dict) and isinstance(entry.get("eps"), list):
         raise ValueError("plan: metrics.attack takes one eps, not a list")
@@ -377,8 +381,7 @@ def _check_metrics_settings(run: MetricsRun) -> None:
 def _sequence_run(raw) -> SequenceRun:
     if not isinstance(raw, dict):
         raise ValueError(f"plan: 'sequences' must be a table, got {raw!r}")
-    if unknown := sorted(set(raw) - SEQUENCE_KEYS):
-        raise ValueError(f"plan: sequences: unknown key(s) {unknown}; allowed keys are {sorted(SEQUENCE_KEYS)}")
+    _check_keys(raw, SEQUENCE_KEYS, "[sequences]")
     names = raw.get("names", "all")
     names = noise.sequences.names() if names == "all" else names
     if not isinstance(names, list) or not names:
@@ -401,8 +404,7 @@ def _sequence_run(raw) -> SequenceRun:
 def _system_noise_run(raw) -> SystemNoiseRun:
     if not isinstance(raw, dict):
         raise ValueError(f"plan: 'system_noise' must be a table, got {raw!r}")
-    if unknown := sorted(set(raw) - SYSTEM_NOISE_KEYS):
-        raise ValueError(f"plan: system_noise: unknown key(s) {unknown}; allowed keys are {sorted(SYSTEM_NOISE_KEYS)}")
+    _check_keys(raw, SYSTEM_NOISE_KEYS, "[system_noise]")
     decoders = raw.get("decoders", list(noise.system.available_decoders()))
     resizes = raw.get("resizes", list(noise.system.RESIZE_MODES))
     for key, value in (("decoders", decoders), ("resizes", resizes)):
@@ -422,8 +424,7 @@ def plan_from_dict(raw: dict) -> Plan:
     """A :class:`Plan` from parsed TOML/JSON, validating every field."""
     if not isinstance(raw, dict):
         raise ValueError(f"plan: expected a table at the top level, got {type(raw).__name__}")
-    if unknown := sorted(set(raw) - PLAN_KEYS):
-        raise ValueError(f"plan: unknown key(s) {unknown}; allowed keys are {sorted(PLAN_KEYS)}")
+    _check_keys(raw, PLAN_KEYS, "the top level")
     entries = raw.get("attacks", [])
     if not isinstance(entries, list):
         raise ValueError(f"plan: 'attacks' must be a list of tables, got {type(entries).__name__}")

@@ -1,0 +1,28 @@
+"""``robustjax plan``: print a built-in plan to start a plan file from, or check one."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from robustjax.builtin_plans import builtin_plan_text
+from robustjax.evaluation import load_plan
+
+
+def cmd_plan_show(args: argparse.Namespace, console: Console) -> int:
+    console.print(builtin_plan_text(args.name), markup=False, highlight=False, soft_wrap=True, end="")
+    return 0
+
+
+def cmd_plan_check(args: argparse.Namespace, console: Console) -> int:
+    """One line: the plan is valid, and what it runs; a bad plan is an error naming its key."""
+    plan = load_plan(args.file)
+    attacks = sorted({run.attack.name for run in plan.runs})
+    parts = [f"{sum(len(run.entries()) for run in plan.runs)} attack entries ({', '.join(attacks) or 'none'})"]
+    for section in ("corruptions", "sequences", "system_noise", "metrics"):
+        if getattr(plan, section) is not None:
+            parts.append(section.replace("_", " "))
+    parts.append("sanity checks" if plan.sanity.enabled else "no sanity checks")
+    console.print(f"{args.file}: a valid plan: {', '.join(parts)}", highlight=False, soft_wrap=True)
+    return 0
