@@ -34,9 +34,10 @@ def attack_table(report: dict) -> Table:
     """One row for clean accuracy, one per attack, one per worst case over attacks."""
     model, dataset = report["model"]["name"], report["dataset"]
     table = Table(title=f"{model} on {dataset['name']} ({dataset['num_examples']} examples)",
-                  box=box.SIMPLE_HEAD, caption="success: share of correctly classified examples the "
-                  "attack fooled; norms: mean over those; time: seconds, of which compiling (rows of one "
-                  "epsilon sweep share its time)")
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption="success: share of correctly classified "
+                  "examples the attack fooled; norms: mean over those; time: seconds, of which compiling (rows "
+                  "of one epsilon sweep share its time); worst case: robust only if every attack at that budget "
+                  "failed")
     table.add_column("evaluation", ratio=1)
     for column in ("accuracy", "success", "Linf", "L2", "queries", "time"):
         table.add_column(column, justify="right", no_wrap=True)
@@ -54,7 +55,7 @@ def attack_table(report: dict) -> Table:
             _seconds(section["timing"]),
         )
     for entry in report.get("worst_case", []):
-        table.add_row(f"worst case of {', '.join(entry['attacks'])} {entry['norm']} eps={_number(entry['eps'])}",
+        table.add_row(f"worst case {entry['norm']} eps={_number(entry['eps'])}",
                       _percent(entry["robust_accuracy"]), "", "", "", "", "")
     return table
 
