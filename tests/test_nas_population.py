@@ -18,7 +18,7 @@ from robustjax.evaluation.population import evaluate_population, evaluate_popula
 from robustjax.nas.population import Population, from_supernet
 from tests.helpers import count_compiles
 
-PLAN = plan_from_dict({"batch_size": 16, "num_examples": 24, "attacks": [
+PLAN = plan_from_dict({"batch_size": 16, "num_examples": 24, "sanity": {"enabled": False}, "attacks": [
     {"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": [0.05, 0.1], "steps": 4}]})
 SMALL_PLAN = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [
     {"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": 0.1, "steps": 3}]})
