@@ -25,6 +25,7 @@ WORKLOAD = textwrap.dedent("""
     CHECKER = "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
     with install_import_hook("robustjax", CHECKER):
         import robustjax as rj
+        from robustjax import attacks, data, metrics, nas, noise, zoo  # noqa: F401  (loaded lazily otherwise)
 
     try:  # the hook is on: a batch without its channel axis fails the annotation itself
         rj.noise.corrupt(np.zeros((2, 8, 8), np.float32), "gaussian_noise", 1, key=jax.random.key(0))

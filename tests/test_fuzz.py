@@ -402,6 +402,7 @@ HOOK_WORKLOAD = textwrap.dedent("""
     HOOKED = ["robustjax.attacks.base", "robustjax.metrics.calibration", "robustjax.noise.registry"]
     with install_import_hook(HOOKED, "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"):
         import robustjax as rj
+        from robustjax import attacks, metrics, noise  # noqa: F401  (loaded lazily otherwise)
 
     from tests.helpers import random_linear_classifier
 
