@@ -19,7 +19,7 @@ from robustjax.cli.nas import load_nas_model
 from robustjax.compile_cache import use_compile_cache
 from robustjax.evaluation import default_plan, evaluate, load_plan, resume
 from robustjax.evaluation.runner import environment, num_evaluated
-from robustjax.report import read_report, ready_tables, write_report
+from robustjax.report import TABLES, finished_sections, read_report, write_report
 from robustjax.zoo.registry import MissingWeights
 
 ENDED_EARLY = {"killed": "was killed", "interrupted": "was interrupted", "failed": "failed"}
@@ -105,14 +105,13 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     out = folder / "report.json"
     fingerprint = resume.fingerprint(classifier, dataset, plan, environment(), profile=profile, reference=reference)
     previous = _previous_run(out)
-    num_attack_entries = sum(len(run.entries()) for run in plan.runs)
     printed = set()
 
     def update(report: dict) -> None:
         write_report(out, report)
-        for section, table in ready_tables(report, num_attack_entries).items():
-            if section not in printed and table is not None:
-                console.print(table)
+        for section in finished_sections(report):
+            if section not in printed:
+                console.print(TABLES[section](report))
                 printed.add(section)
 
     with resume.ItemStore.open(folder / resume.ITEMS_FOLDER, fingerprint, fresh=args.fresh) as store:
@@ -120,7 +119,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             leftover.unlink()
         done = store.names()
         console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
-                      f"clean accuracy and {num_attack_entries} attack run(s)"
+                      f"clean accuracy and {plan.num_attack_entries} attack run(s)"
                       f"{'' if plan.metrics is None else ', the 23 metrics'}; report in {out}")
         if previous in ENDED_EARLY:
             console.print(f"the earlier run into {folder} {ENDED_EARLY[previous]} before it finished", highlight=False)

@@ -19,7 +19,7 @@ def cmd_plan_check(args: argparse.Namespace, console: Console) -> int:
     """One line: the plan is valid, and what it runs; a bad plan is an error naming its key."""
     plan = load_plan(args.file)
     attacks = sorted({run.attack.name for run in plan.runs})
-    parts = [f"{sum(len(run.entries()) for run in plan.runs)} attack entries ({', '.join(attacks) or 'none'})"]
+    parts = [f"{plan.num_attack_entries} attack entries ({', '.join(attacks) or 'none'})"]
     for section in ("corruptions", "sequences", "system_noise", "metrics"):
         if getattr(plan, section) is not None:
             parts.append(section.replace("_", " "))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from robustjax.report import attack_table, metrics_table, noise_table, read_report, sanity_table
+from robustjax.report import TABLES, read_report
 
 STATUS_LINES = {
     "complete": "complete",
@@ -23,8 +23,8 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     path = Path(args.path)
     path = path / "report.json" if path.is_dir() else path
     report = read_report(path)
-    for table in (attack_table(report), noise_table(report), metrics_table(report), sanity_table(report)):
-        if table is not None:
+    for render in TABLES.values():
+        if (table := render(report)) is not None:
             console.print(table)
     status = report["status"]
     line = STATUS_LINES.get(status, status)

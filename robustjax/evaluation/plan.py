@@ -248,6 +248,11 @@ class Plan:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"plan: seed must be an integer >= 0, got {self.seed!r}")
 
+    @property
+    def num_attack_entries(self) -> int:
+        """Attack entries the plan runs: one per epsilon of each ``[[attacks]]`` sweep."""
+        return sum(len(run.entries()) for run in self.runs)
+
     def as_dict(self) -> dict:
         return {
             "batch_size": self.batch_size,

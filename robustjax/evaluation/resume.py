@@ -96,8 +96,7 @@ def fingerprint(classifier: Classifier, dataset: ImageDataset, plan: Plan, envir
 def expected_bytes(plan: Plan, num_examples: int) -> int:
     """A small over-estimate of the disk an evaluation writes: one byte per example for the
     clean mask and for each attack entry's mask, and a margin for the report and sections."""
-    entries = sum(len(run.entries()) for run in plan.runs)
-    return DISK_MARGIN_BYTES + num_examples * (1 + entries)
+    return DISK_MARGIN_BYTES + num_examples * (1 + plan.num_attack_entries)
 
 
 def check_output_folder(folder: str | Path) -> Path:

@@ -96,26 +96,6 @@ def noise_table(report: dict) -> Table | None:
     return table
 
 
-def ready_tables(report: dict, num_attack_entries: int) -> dict[str, Table | Text]:
-    """The tables of the sections of ``report`` that are finished, by section (``attacks``,
-    ``noise``, ``metrics``, ``sanity``), so that a running evaluation can print each as soon
-    as it is final. ``num_attack_entries`` is how many attack entries the plan runs."""
-    def final(part: str) -> bool:
-        return report.get(part) is not None and report[part]["status"] != "running"
-
-    ready = {}
-    if report["clean"] is not None and len(report["attacks"]) == num_attack_entries:
-        ready["attacks"] = attack_table(report)
-    planned_noise = [part for part in NOISE_PARTS if report["plan"].get(part) is not None]
-    if planned_noise and all(final(part) for part in planned_noise):
-        ready["noise"] = noise_table(report)
-    if final("metrics"):
-        ready["metrics"] = metrics_table(report)
-    if final("sanity"):
-        ready["sanity"] = sanity_table(report)
-    return ready
-
-
 def metrics_table(report: dict) -> Table | None:
     """The 23 metrics (and the additional ones) grouped as the paper groups them, each with
     the direction that means more robust; None when the report has no metrics section."""
@@ -167,3 +147,22 @@ def sanity_table(report: dict) -> Table | Text | None:
         if check["verdict"] == "warn":
             table.add_row(f"[yellow]{check['name']}[/]", check["message"], check["advice"])
     return table
+
+
+TABLES = {"attacks": attack_table, "noise": noise_table, "metrics": metrics_table, "sanity": sanity_table}
+
+
+def finished_sections(report: dict) -> list[str]:
+    """The sections of ``report`` (keys of :data:`TABLES`) that are final, so that a running
+    evaluation can print each table as soon as it will no longer change."""
+    def final(part: str) -> bool:
+        return report.get(part) is not None and report[part]["status"] != "running"
+
+    finished = []
+    if report["clean"] is not None and len(report["attacks"]) == len(report["plan"]["attacks"]):
+        finished.append("attacks")
+    planned_noise = [part for part in NOISE_PARTS if report["plan"].get(part) is not None]
+    if planned_noise and all(final(part) for part in planned_noise):
+        finished.append("noise")
+    finished.extend(part for part in ("metrics", "sanity") if final(part))
+    return finished
