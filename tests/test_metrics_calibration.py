@@ -83,6 +83,19 @@ def test_ece_hand_computed():
     np.testing.assert_allclose(cal.expected_calibration_error(conf2, jnp.array([1, 1, 1, 0])), 0.0, atol=1e-7)
 
 
+def test_reliability_bins_hand_computed_and_sum_to_ece():
+    conf = jnp.array([0.1, 0.45, 0.55, 0.95, 0.0])
+    correct = jnp.array([False, True, False, True, True])
+    bins = cal.reliability_bins(conf, correct, num_bins=4)  # (0, .25] (.25, .5] (.5, .75] (.75, 1]; 0 in the first
+    np.testing.assert_array_equal(bins["count"], [2, 1, 1, 1])
+    np.testing.assert_allclose(bins["confidence"], [0.05, 0.45, 0.55, 0.95], **TOL)
+    np.testing.assert_allclose(bins["accuracy"], [0.5, 1.0, 0.0, 1.0], **TOL)
+    empty = cal.reliability_bins(conf[:1], correct[:1], num_bins=2)
+    assert np.isnan(empty["confidence"][1]) and np.isnan(empty["accuracy"][1]) and empty["count"][1] == 0
+    gaps = np.nansum(np.asarray(bins["count"]) / 5 * np.abs(np.asarray(bins["confidence"]) - bins["accuracy"]))
+    np.testing.assert_allclose(gaps, cal.expected_calibration_error(conf, correct, num_bins=4), **TOL)
+
+
 def test_aurra_hand_computed_and_ties():
     # accuracy of the top 1, 2, 3: 1, 1/2, 2/3
     value = cal.aurra(jnp.array([0.9, 0.8, 0.7]), jnp.array([True, False, True]))

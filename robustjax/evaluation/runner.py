@@ -69,8 +69,14 @@ def _confidence_and_prediction(classifier: Classifier, x: jax.Array) -> tuple[ja
     return metrics.calibration.max_softmax(logits), jnp.argmax(logits, axis=-1), jnp.isfinite(logits).all(axis=-1)
 
 
+def _reliability(confidence: np.ndarray, correct: np.ndarray) -> dict:
+    """ECE's 15 bins as lists (``metrics.calibration.reliability_bins``; null: an empty bin)."""
+    bins = metrics.calibration.reliability_bins(confidence, correct)
+    return {name: [None if np.isnan(v) else v for v in np.asarray(values).tolist()] for name, values in bins.items()}
+
+
 def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel):
-    """Clean accuracy and calibration (RobustART's RMS calibration error and AURRA, and ECE),
+    """Clean accuracy and calibration (RobustART's RMS calibration error and AURRA, ECE and its bins),
     and the host mask of correctly classified examples. A model whose logits are not finite
     on some example is refused: every later number would be meaningless."""
     correct, confidence, finite = [], [], []
@@ -92,6 +98,7 @@ def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, par
             "rms_calibration_error": float(metrics.calibration.rms_calibration_error(confidence, correct)),
             "expected_calibration_error": float(metrics.calibration.expected_calibration_error(confidence, correct)),
             "aurra": float(metrics.calibration.aurra(confidence, correct)),
+            "reliability": _reliability(confidence, correct),
         },
         "timing": timing.as_dict(len(correct)),
     }

@@ -147,6 +147,14 @@ def _ece_core(confidence, correct, n, num_bins: int):
     return jnp.sum(jnp.abs(per_bin)) / n
 
 
+@functools.partial(jax.jit, static_argnums=2)
+@with_auto_axes
+def _reliability_core(confidence, correct, num_bins: int):
+    bins = jnp.clip(jnp.ceil(confidence * num_bins).astype(jnp.int32) - 1, 0, num_bins - 1)
+    sums = functools.partial(jax.ops.segment_sum, segment_ids=bins, num_segments=num_bins)
+    return sums(jnp.ones_like(confidence)), sums(confidence), sums(correct.astype(jnp.float32))
+
+
 @jax.jit
 @with_auto_axes
 def _aurra_core(confidence, correct, n):
@@ -236,6 +244,20 @@ def expected_calibration_error(
     _check_pair(confidence, correct)
     check_positive_int(num_bins, "num_bins")
     return _ece_core(confidence, correct, confidence.shape[0], num_bins)
+
+
+def reliability_bins(
+    confidence: Float[ArrayLike, " n"], correct: Bool[ArrayLike, " n"] | Int[ArrayLike, " n"], *, num_bins: int = 15
+) -> dict[str, jax.Array]:
+    """The reliability diagram (Guo et al. 2017) on ECE's bins ``((m-1)/M, m/M]``: per bin,
+    ``count``, ``confidence`` (mean) and ``accuracy`` (mean correctness), NaN for an empty bin.
+    ``sum_m count_m / N |confidence_m - accuracy_m|`` is :func:`expected_calibration_error`."""
+    _check_pair(confidence, correct)
+    check_positive_int(num_bins, "num_bins")
+    counts, confidence_sums, correct_sums = _reliability_core(confidence, correct, num_bins)
+    means = jnp.clip(jnp.stack([confidence_sums, correct_sums]) / jnp.maximum(counts, 1.0), 0.0, 1.0)  # rounding
+    means = jnp.where(counts > 0, means, jnp.nan)
+    return {"count": counts.astype(jnp.int32), "confidence": means[0], "accuracy": means[1]}
 
 
 def aurra(confidence: Float[ArrayLike, " n"], correct: Bool[ArrayLike, " n"] | Int[ArrayLike, " n"]) -> Float[Array, ""]:
