@@ -50,6 +50,24 @@ def test_each_network_gets_the_results_it_gets_alone(space_name, calibration):
             a["robust_accuracy"] for a in report["attacks"]]
 
 
+def test_sequences_give_each_network_the_flip_rates_it_gets_alone(calibration):
+    """ImageNet-P items through a population equal `robustjax evaluate` of each subnet alone,
+    per example (the frames are made once per batch and shared by the networks)."""
+    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    archs = supernet.space.sample(jax.random.key(2), 3)
+    dataset = rj.data.digits("test")
+    plan = plan_from_dict({"batch_size": 16, "num_examples": 12, "sanity": {"enabled": False}, "attacks": [],
+                           "sequences": {"names": ["translate", "gaussian_noise"], "batch_size": 8}})
+    # Populations of 2: the second holds 1 network and a copy of it as padding.
+    results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=2)
+    for arch, result in zip(archs, results):
+        report = evaluate(supernet.subnet(arch, calibration=calibration), dataset, plan)
+        assert result["sequences"] == [{key: r[key] for key in ("name", "flip_probability", "top5_distance")}
+                                       for r in report["sequences"]["results"]]
+        assert result["per_example"]["translate flip_probability"].shape == (12,)
+    assert any(r["flip_probability"] > 0 for result in results for r in result["sequences"])
+
+
 def test_one_compile_per_population_size(calibration):
     supernet = rj.nas.models.embedded_supernet("nb201_digits")
     archs = [supernet.space.config(i) for i in range(128)]
@@ -106,9 +124,10 @@ def test_bad_populations_are_refused(calibration):
         from_supernet(supernet, [rj.nas.space("bignas_resnet_basic_digits").config(0)])
     with pytest.raises(ValueError, match="out of range"):
         from_supernet(supernet, [15625])
-    with pytest.raises(ValueError, match=r"plan items \['sequences'\] do not apply to populations"):
+    with pytest.raises(ValueError, match=r"plan items \['metrics'\] do not apply to populations yet .* "
+                       r"the 23-metric suite profiles neuron bounds"):
         evaluate_population(supernet, [0], dataset, dataclasses.replace(
-            PLAN, sequences=plan_from_dict({"attacks": [], "sequences": {"names": ["gaussian_noise"]}}).sequences))
+            PLAN, metrics=plan_from_dict({"attacks": [], "metrics": {}}).metrics))
     space = dataclasses.replace(rj.nas.space("bignas_resnet_basic_digits"), resolutions=(6, 8), input_size=8)
     two = rj.nas.Supernet.create(space, key=jax.random.key(0))
     with pytest.raises(ValueError, match=r"2 resolutions \[6, 8\]"):

@@ -20,16 +20,19 @@ from robustjax.sweep.store import pack, unpack, worker_id
 PLAN = plan_from_dict({"batch_size": 16, "num_examples": 24, "attacks": [
     {"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": [0.05, 0.1], "steps": 3}],
     "corruptions": {"names": ["gaussian_noise"], "severities": [3]},
+    "sequences": {"names": ["translate"], "batch_size": 8},
     "system_noise": {"decoders": ["pil"], "resizes": ["pil-bilinear"]}})
 
 
-def test_outcomes_pack_to_one_bit_per_example_and_back():
+def test_outcomes_pack_to_one_bit_per_example_or_float32_values_and_back():
     rng = np.random.default_rng(0)
     for shape in [(1, 1), (2, 7), (3, 256), (1, 1001)]:
         outcome = rng.random(shape) < 0.5
         blob = pack(outcome)
         assert len(blob) == shape[0] * -(-shape[1] // 8)
         np.testing.assert_array_equal(unpack(blob, *shape), outcome)
+        rates = rng.random(shape).astype(np.float32)  # a sequence item's per-example values
+        np.testing.assert_array_equal(unpack(pack(rates), *shape, np.float32), rates)
 
 
 def _store(tmp_path, definition=None):

@@ -1,17 +1,20 @@
 """A plan as items: the units that a population evaluation runs and a sweep stores.
 
 A plan expands into items: the clean pass, each ``[[attacks]]`` entry (all its epsilons
-and restarts, which share one program), each corruption at each severity and each
-system-noise variant (decoder x resize). Running an item on a population gives, per
-network, per figure of the item (one per epsilon of an attack sweep, one otherwise) and
-per evaluated example, whether the network classified the example correctly under that
-item. Every figure (accuracy, robust accuracy, attack success rate, worst case over
-attacks, WCAR) is a mean over these outcomes, so it can be recomputed from them later.
+and restarts, which share one program), each corruption at each severity, each ImageNet-P
+perturbation and each system-noise variant (decoder x resize). Running an item on a
+population gives, per network, per figure of the item (one per epsilon of an attack sweep,
+two for a perturbation sequence, one otherwise) and per evaluated example, its outcome:
+whether the network classified the example correctly under that item, or for a sequence
+item the example's sequence's flip rate and top-5 distance. Every figure (accuracy, robust
+accuracy, attack success rate, worst case over attacks, WCAR, flip probability, top-5
+distance) is a mean over these outcomes, so it can be recomputed from them later.
 
 An item's ``key`` hashes what its outcome depends on: its settings, the plan's seed and
 batch size (attack keys are drawn per batch). Random keys are those of
 ``robustjax evaluate``: attack batch ``b`` gets ``fold_in(key(seed), b)``, corruption
-``c`` at severity ``s`` gets ``fold_in(fold_in(fold_in(key(seed), c), s), b)``.
+``c`` at severity ``s`` gets ``fold_in(fold_in(fold_in(key(seed), c), s), b)``, perturbation
+``p`` gets ``fold_in(fold_in(key(seed), p), b)`` over batches of the sequences' own batch size.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -33,8 +37,11 @@ from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset, from_arrays
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import AttackRun, Plan
+from robustjax.noise import flip, sequences
 
-UNSUPPORTED = ("sequences", "metrics")
+UNSUPPORTED = ("metrics",)
+# Per-example outcomes that are values rather than correct-or-not (sequence items: rates).
+VALUE_KINDS = ("sequence",)
 
 
 class PopulationTooLarge(ValueError):
@@ -46,7 +53,7 @@ class Item:
     """One unit of a plan. ``settings`` is JSON-ready and, with the plan's seed and batch
     size, determines the outcome; ``labels`` names each figure the item produces."""
 
-    kind: str  # "clean" | "attack" | "corruption" | "system_noise"
+    kind: str  # "clean" | "attack" | "corruption" | "sequence" | "system_noise"
     settings: dict = dataclasses.field(hash=False)
     labels: tuple[str, ...]
     run: Any = dataclasses.field(default=None, compare=False, repr=False)  # the AttackRun of an attack item
@@ -57,13 +64,19 @@ class Item:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def outcome_dtype(kind: str) -> type:
+    """The dtype of an item kind's per-example outcomes: float32 rates or bool correctness."""
+    return np.float32 if kind in VALUE_KINDS else np.bool_
+
+
 def check_population_plan(plan: Plan) -> None:
     """Refuses, before any work, plan items that populations do not run yet."""
     present = [name for name in UNSUPPORTED if getattr(plan, name) is not None]
     if present:
         raise ValueError(f"plan items {present} do not apply to populations yet (clean, [[attacks]], "
-                         "[corruptions] and [system_noise] do); remove them, or evaluate networks one at a time "
-                         "with `robustjax evaluate`")
+                         "[corruptions], [sequences] and [system_noise] do): the 23-metric suite profiles "
+                         "neuron bounds and crafts transferred examples per model; remove them, or evaluate "
+                         "networks one at a time with `robustjax evaluate`")
 
 
 def attack_label(run: AttackRun, params: dict) -> str:
@@ -91,6 +104,12 @@ def expand(plan: Plan) -> list[Item]:
             for severity in plan.corruptions.severities:
                 settings = {"name": name, "severity": severity, "preset": plan.corruptions.preset, "index": index}
                 items.append(Item("corruption", settings, (f"{name} {severity}",)))
+    if plan.sequences is not None:
+        run = plan.sequences
+        for index, name in enumerate(run.names):
+            settings = {"name": name, "difficulty": run.difficulty, "length": run.length, "preset": run.preset,
+                        "batch_size": run.batch_size, "index": index}
+            items.append(Item("sequence", settings, (f"{name} flip_probability", f"{name} top5_distance")))
     if plan.system_noise is not None:
         for variant in plan.system_noise.variants():
             settings = {"decoder": variant.decoder, "resize": variant.resize, "quality": plan.system_noise.quality}
@@ -117,6 +136,19 @@ def _attack_success(run: AttackRun, axes: Any, classifier: Classifier, x: jax.Ar
     return jax.vmap(one, in_axes=(axes,))(classifier.params)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _sequence_scores(name: str, preset: str, length: int, difficulty: int, axes: Any, classifier: Classifier,
+                     x: jax.Array, key: jax.Array) -> jax.Array:
+    """(networks, 2, batch): each sequence's flip rate and top-5 distance on every network;
+    the frames are made once and shared by the networks."""
+    frames = sequences.sequence_frames(name, preset, length, difficulty, x, key)
+
+    def one(params):
+        return jnp.stack(flip.per_sequence_scores(classifier.replace(params=params), frames, name, difficulty))
+
+    return jax.vmap(one, in_axes=(axes,))(classifier.params)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _corrupt(name: str, severity: int, preset: str, x: jax.Array, key: jax.Array) -> jax.Array:
     return noise.corruption_fn(name, severity, preset)(x, key)
@@ -124,7 +156,8 @@ def _corrupt(name: str, severity: int, preset: str, x: jax.Array, key: jax.Array
 
 class ItemRunner:
     """Runs items on populations over one dataset: the evaluated examples are read once
-    and kept as sharded batches; the system-noise images are made once per variant."""
+    and kept as sharded batches (also in the sequences' batch size); the system-noise images
+    are made once per variant."""
 
     def __init__(self, dataset: ImageDataset, plan: Plan, parallel: DataParallel | None = None):
         check_population_plan(plan)
@@ -134,10 +167,12 @@ class ItemRunner:
             self.batches = list(self.parallel.batches(dataset, plan.num_examples))
             self.seed_key = jax.random.key(plan.seed)
         self._variant_batches: dict[tuple, list] = {}
+        self._sequence_batches: dict[int, list] = {}
         self._fits: set[tuple] = set()
 
     def run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
-        """(networks, figures, examples) bool: correct under ``item``, per network.
+        """(networks, figures, examples): per network, correct under ``item`` (bool), or for
+        a sequence item each example's flip rate and top-5 distance (float32).
 
         Runs under the runner's own mesh, whatever mesh the caller has set.
         """
@@ -160,6 +195,10 @@ class ItemRunner:
             corrupted = [(_corrupt(s["name"], s["severity"], preset, x, jax.random.fold_in(key, b)), y, mask)
                          for b, (x, y, mask) in enumerate(self.batches)]
             return self._correct(classifier, axes, corrupted)[:, None]
+        if item.kind == "sequence":
+            static = self._sequence_static(item.settings)
+            return np.concatenate([np.asarray(_sequence_scores(*static, axes, classifier, x, key))[:, :, mask]
+                                   for x, key, mask in self._sequence_inputs(item.settings)], axis=2)
         if item.kind == "system_noise":
             return self._correct(classifier, axes, self._system_noise_batches(item.settings))[:, None]
         return self._correct(classifier, axes, self.batches)[:, None]
@@ -170,6 +209,9 @@ class ItemRunner:
         x, y, _ = self.batches[0]
         if item.kind == "attack":
             lowered = _attack_success.lower(item.run, axes, classifier, x, y, self.seed_key)
+        elif item.kind == "sequence":
+            x, key, _ = next(self._sequence_inputs(item.settings))
+            lowered = _sequence_scores.lower(*self._sequence_static(item.settings), axes, classifier, x, key)
         else:
             lowered = _predict.lower(axes, classifier, x)
         stats = lowered.compile().memory_analysis()
@@ -179,7 +221,8 @@ class ItemRunner:
         """Raises :class:`PopulationTooLarge`, with the population size that fits, when the
         item's program needs more memory than a device has free."""
         networks = _networks(classifier.params, axes)
-        program = item.labels if item.kind == "attack" else "predict"  # the other items share one program
+        # Attack and sequence items have programs of their own; the other items share one.
+        program = item.labels if item.kind in ("attack", "sequence") else "predict"
         if (program, networks) in self._fits:
             return
         needed, free = self.memory_needed(item, classifier, axes), free_memory_bytes()
@@ -198,6 +241,26 @@ class ItemRunner:
     def _correct(classifier: Classifier, axes: Any, batches: list) -> np.ndarray:
         return np.concatenate([(np.asarray(_predict(axes, classifier, x)) == np.asarray(y)[None])[:, mask]
                                for x, y, mask in batches], axis=1)
+
+    def _sequence_static(self, settings: dict) -> tuple[str, str, int, int]:
+        """(name, preset, length, difficulty) of a sequence item, defaults filled in and
+        checked as ``noise.evaluate_sequences`` checks them."""
+        x = self.batches[0][0]
+        preset = settings["preset"] or noise.default_preset(tuple(self.dataset.image_shape))
+        preset, length = sequences.check_arguments(x, settings["name"], self.seed_key, settings["length"],
+                                                   settings["difficulty"], preset)
+        return settings["name"], preset, length, settings["difficulty"]
+
+    def _sequence_inputs(self, settings: dict) -> Iterator[tuple[jax.Array, jax.Array, np.ndarray]]:
+        """Per batch of the sequences' batch size: images, key and host mask (``robustjax
+        evaluate``'s keys)."""
+        size = settings["batch_size"]
+        if size not in self._sequence_batches:
+            parallel = DataParallel(size, network_shards=self.parallel.network_shards)
+            self._sequence_batches[size] = list(parallel.batches(self.dataset, self.plan.num_examples))
+        key = jax.random.fold_in(self.seed_key, settings["index"])
+        for b, (x, _, mask) in enumerate(self._sequence_batches[size]):
+            yield x, jax.random.fold_in(key, b), mask
 
     def _system_noise_batches(self, settings: dict) -> list:
         """The evaluated images JPEG-encoded at the plan's quality, then decoded, resized and
@@ -254,5 +317,6 @@ def jpeg_bytes(image: np.ndarray, quality: int) -> bytes:
 
 
 def figures(item: Item, outcome: np.ndarray) -> dict[str, float]:
-    """Accuracy per figure label, from one network's (figures, examples) outcome."""
+    """Per figure label, the mean of one network's (figures, examples) outcome: an accuracy,
+    or a sequence item's flip probability and top-5 distance."""
     return {label: float(row.mean()) for label, row in zip(item.labels, outcome)}

@@ -5,8 +5,8 @@ population size, whatever the networks.
 resolution they compute at, cuts each group into populations of ``population_size`` (or
 fewer, when the group is smaller; the last one padded with copies of its first network,
 which are dropped from the results), recalibrates each subnet's batch norm in one vmapped
-pass, and runs the plan's items (``evaluation.items``: the clean pass, attacks, corruptions
-and system noise) over every population with ``jax.vmap``: each network
+pass, and runs the plan's items (``evaluation.items``: the clean pass, attacks, corruptions,
+ImageNet-P sequences and system noise) over every population with ``jax.vmap``: each network
 gets exactly the results it would get evaluated alone with the same keys. Batches of
 examples are sharded over the local devices.
 
@@ -41,26 +41,31 @@ def evaluate_population_batch(population: Population, dataset: ImageDataset, pla
                               runner: ItemRunner | None = None) -> list[dict]:
     """Every network of ``population`` under ``plan``: a dict per network with its clean
     accuracy, per attack entry its robust accuracy, per corruption and severity and per
-    system-noise variant its accuracy, and the per-example correctness behind each
-    (``per_example``, keyed by figure label)."""
+    system-noise variant its accuracy, per ImageNet-P perturbation its flip probability and
+    top-5 distance, and the per-example outcomes behind each (``per_example``, keyed by
+    figure label: correctness, or each sequence's flip rate and top-5 distance)."""
     runner = runner or ItemRunner(dataset, plan)
-    results = [{"arch_id": arch_id, "attacks": [], "corruptions": [], "system_noise": [], "per_example": {}}
-               for arch_id in population.arch_ids]
+    results = [{"arch_id": arch_id, "attacks": [], "corruptions": [], "sequences": [], "system_noise": [],
+                "per_example": {}} for arch_id in population.arch_ids]
     for item in expand(plan):
         outcome = runner.run(item, population.classifier, population.axes)
         for result, network_outcome in zip(results, outcome):
             result["per_example"].update(zip(item.labels, network_outcome))
-            accuracy = figures(item, network_outcome)
+            values = figures(item, network_outcome)
             if item.kind == "clean":
-                result["clean_accuracy"] = accuracy["clean"]
+                result["clean_accuracy"] = values["clean"]
             elif item.kind == "attack":
                 result["attacks"].extend({"name": item.run.attack.name, "params": params,
-                                          "robust_accuracy": accuracy[label]}
+                                          "robust_accuracy": values[label]}
                                          for label, params in zip(item.labels, item.run.entries()))
+            elif item.kind == "sequence":
+                flips, top5 = (values[label] for label in item.labels)
+                result["sequences"].append({"name": item.settings["name"], "flip_probability": flips,
+                                            "top5_distance": top5})
             else:
                 result["corruptions" if item.kind == "corruption" else "system_noise"].append(
                     {**{k: v for k, v in item.settings.items() if k != "index"},
-                     "accuracy": accuracy[item.labels[0]]})
+                     "accuracy": values[item.labels[0]]})
     return results
 
 

@@ -162,15 +162,21 @@ def evaluate_sequences(
     return _evaluate(name, preset, length, difficulty, k, classifier, x, key)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _evaluate(name, preset, length, difficulty, k, classifier, x, key) -> dict[str, jax.Array]:
-    frames = sequences.sequence_frames(name, preset, length, difficulty, x, key)
+def per_sequence_scores(classifier, frames: Float[Array, "b t h w c"], name: str, difficulty: int,
+                        k: int = 5) -> tuple[Float[Array, " b"], Float[Array, " b"]]:
+    """Per sequence of perturbation ``name``: the flip rate and the top-k distance of
+    ``classifier`` on ``frames``, by ImageNet-P's comparison rule (all frames in one batch)."""
     b, t = frames.shape[:2]
     logits = classifier(frames.reshape(b * t, *frames.shape[2:])).reshape(b, t, -1)
     noise = sequences.is_noise(name)
     rule = dict(noise_sequence=noise, step=1 if noise else difficulty)
-    flips = sequence_flip_rates(jnp.argmax(logits, -1), **rule)
-    top5 = sequence_top5_distances(logits, k=k, **rule)
+    return sequence_flip_rates(jnp.argmax(logits, -1), **rule), sequence_top5_distances(logits, k=k, **rule)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _evaluate(name, preset, length, difficulty, k, classifier, x, key) -> dict[str, jax.Array]:
+    frames = sequences.sequence_frames(name, preset, length, difficulty, x, key)
+    flips, top5 = per_sequence_scores(classifier, frames, name, difficulty, k)
     return {
         "flip_probability": jnp.mean(flips),
         "top5_distance": jnp.mean(top5),

@@ -26,7 +26,14 @@ import numpy as np
 
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
-from robustjax.evaluation.items import Item, ItemRunner, PopulationTooLarge, expand, figures
+from robustjax.evaluation.items import (
+    Item,
+    ItemRunner,
+    PopulationTooLarge,
+    expand,
+    figures,
+    outcome_dtype,
+)
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
 from robustjax.evaluation.population import padded_size
@@ -35,7 +42,7 @@ from robustjax.nas.population import Population, choose_layout, exact_subnet, fr
 from robustjax.nas.recalibrate import DEFAULT_IMAGES, calibration_subset
 from robustjax.sweep.store import Store, pack
 
-# Rough size of a result row beyond its bit-packed outcome: keys, figures, timing.
+# Rough size of a result row beyond its packed outcome: keys, figures, timing.
 ROW_OVERHEAD_BYTES = 512
 
 
@@ -208,7 +215,8 @@ def open_store(sweep: Sweep, path: str, archs: Sequence[Any]) -> tuple[Store, li
     ``archs`` added; returns it and the arch ids of ``archs``, in order."""
     ctx = context(sweep)
     networks = ctx.networks(archs)
-    row_bytes = ROW_OVERHEAD_BYTES + sum(-(-ctx.num_examples * len(i.labels) // 8) for i in ctx.items)
+    row_bytes = ROW_OVERHEAD_BYTES + sum(len(pack(np.zeros((len(i.labels), ctx.num_examples), outcome_dtype(i.kind))))
+                                         for i in ctx.items)
     store = Store.open(path, ctx.definition(), environment=environment(), expected_bytes=len(networks) * row_bytes)
     store.set_items((key, item.kind, item.settings, item.labels) for key, item in ctx.by_key.items())
     store.add_networks(networks)

@@ -3,11 +3,13 @@ dimensions), its cost and every figure; written as CSV, JSON lines or Parquet (p
 
 Search dimensions: an NB201 cell's op on each edge (``edge_1<-0`` ...); a BigNAS subnet's
 resolution and, per stage or block, ``width_i``, ``depth_i``, ``kernel_i``, ``expand_i``.
-Figures are accuracies over the evaluated examples, recomputed from the stored per-example
+Figures are means over the evaluated examples, recomputed from the stored per-example
 outcomes: ``clean``, each attack entry's robust accuracy, each corruption and system-noise
 variant's accuracy, and for every threat model (norm, epsilon) that two or more attacks
 share, the worst case over them (``worst linf eps=0.1``: an example counts as robust only
-if every attack failed on it). A figure whose item failed or has not run is empty.
+if every attack failed on it); each ImageNet-P perturbation's flip probability and top-5
+distance are columns too, but not figures of the analysis, which takes accuracies. A
+figure whose item failed or has not run is empty.
 
 NB201 rows carry NAS-Bench-201's own ``index`` (and the ``canonical_index`` of the
 isomorphism class), so they join the published datasets by id (``join``).
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from robustjax.evaluation.items import VALUE_KINDS
 from robustjax.nas.nb201 import EDGES
 from robustjax.sweep.analyze import Table
 from robustjax.sweep.store import Store
@@ -75,6 +78,8 @@ def table(store: Store) -> Table:
             errors.setdefault(row["arch_id"], []).append(f"{', '.join(item['labels'])}: {row['error']}")
     labels = [label for item in items for label in item["labels"]]
     rows, dimensions = [], {}
+    # Flip probabilities and top-5 distances are columns, but not accuracies to analyse.
+    values = {label for item in items if item["kind"] in VALUE_KINDS for label in item["labels"]}
     for arch_id, _, card in store.networks():
         mine = outcomes.get(arch_id, {})
         dims = config_columns(card)
@@ -84,7 +89,8 @@ def table(store: Store) -> Table:
                                              if k in card},
                      **dims, "params": card.get("params"), "macs": card.get("macs"), "flops": card.get("flops"),
                      **figures, **_worst_cases(items, mine), "errors": "; ".join(errors.get(arch_id, []))})
-    figure_names = [*labels, *(k for k in (rows[0] if rows else {}) if k.startswith("worst "))]
+    figure_names = [*(label for label in labels if label not in values),
+                    *(k for k in (rows[0] if rows else {}) if k.startswith("worst "))]
     return Table(rows=rows, dimensions=tuple(dimensions), figures=tuple(figure_names))
 
 

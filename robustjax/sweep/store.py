@@ -9,7 +9,8 @@ Tables:
 - ``items``: the plan's items (``evaluation.items``) with their figure labels;
 - ``results``: one row per (network, item, data), keyed by arch id, item hash and data
   hash, written in one transaction per item and population: ``ok`` with the figures and
-  the per-example outcome bit-packed (``numpy.packbits``), or ``failed`` with the error;
+  the per-example outcome (correctness bit-packed with ``numpy.packbits``; a sequence
+  item's per-example rates as float32), or ``failed`` with the error;
 - ``claims``: which worker holds which networks, until when (a lease). A claim whose lease
   has expired, or whose worker process on this host is gone, is free again.
 
@@ -30,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+
+from robustjax.evaluation.items import outcome_dtype
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -75,12 +78,17 @@ def _worker_gone(worker: str) -> bool:
 
 
 def pack(outcome: np.ndarray) -> bytes:
-    """(figures, examples) bool -> bytes, 1 bit per example."""
-    return np.packbits(np.asarray(outcome, bool), axis=-1).tobytes()
+    """(figures, examples) outcome -> bytes: bool 1 bit per example, values as float32."""
+    outcome = np.asarray(outcome)
+    if outcome.dtype == np.bool_:
+        return np.packbits(outcome, axis=-1).tobytes()
+    return np.ascontiguousarray(outcome, np.float32).tobytes()
 
 
-def unpack(blob: bytes, figures: int, examples: int) -> np.ndarray:
-    """Inverse of :func:`pack`."""
+def unpack(blob: bytes, figures: int, examples: int, dtype: type = np.bool_) -> np.ndarray:
+    """Inverse of :func:`pack` for an outcome of ``dtype`` (``items.outcome_dtype``)."""
+    if dtype != np.bool_:
+        return np.frombuffer(blob, np.float32).reshape(figures, examples).copy()
     packed = np.frombuffer(blob, np.uint8).reshape(figures, -1)
     return np.unpackbits(packed, axis=-1, count=examples).astype(bool)
 
@@ -276,11 +284,14 @@ class Store:
                 self._db.execute("SELECT item_key, kind, settings, labels FROM items ORDER BY position")]
 
     def results(self) -> Iterator[dict]:
-        """Every result row of the current data, with its outcome unpacked ((figures, examples) bool)."""
-        for arch_id, item_key, status, figures, outcome, examples, error, seconds, worker in self._db.execute(
-                "SELECT arch_id, item_key, status, figures, outcome, examples, error, seconds, worker FROM results "
-                "WHERE data_key = ?", (self.data_key,)):
+        """Every result row of the current data, with its outcome unpacked ((figures, examples):
+        bool, or float32 for a sequence item)."""
+        for arch_id, item_key, kind, status, figures, outcome, examples, error, seconds, worker in self._db.execute(
+                "SELECT r.arch_id, r.item_key, i.kind, r.status, r.figures, r.outcome, r.examples, r.error, "
+                "r.seconds, r.worker FROM results r JOIN items i USING (item_key) WHERE r.data_key = ?",
+                (self.data_key,)):
             figures = json.loads(figures)
             yield {"arch_id": arch_id, "item_key": item_key, "status": status, "figures": figures, "error": error,
                    "seconds": seconds, "worker": worker,
-                   "outcome": None if outcome is None else unpack(outcome, len(figures), examples)}
+                   "outcome": None if outcome is None else unpack(outcome, len(figures), examples,
+                                                                  outcome_dtype(kind))}
