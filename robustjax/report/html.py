@@ -1,0 +1,416 @@
+"""``report.html``: one self-contained page (inline CSS, matplotlib figures as inline SVG,
+images as PNG data URIs, no script, nothing fetched) that renders every section of a
+report, and says of each absent one whether the plan left it out or the run ended first."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from robustjax.evaluation.resume import write_atomically
+from robustjax.report import plots
+
+SECTIONS = {
+    "summary": "Summary",
+    "attacks": "Robust accuracy against epsilon",
+    "corruptions": "Corruptions",
+    "sequences": "Perturbation sequences (ImageNet-P)",
+    "system_noise": "System noise",
+    "metrics": "The 23 metrics (arXiv 2101.09617)",
+    "calibration": "Calibration",
+    "sanity": "Checks against gradient masking",
+    "gallery": "Gallery",
+    "reproduce": "Plan, keys and versions",
+}
+FILE = "report.html"
+ENDED = {"interrupted": "was interrupted", "killed": "was killed", "failed": "failed"}
+ARROWS = {"higher": "&uarr;&nbsp;higher", "lower": "&darr;&nbsp;lower"}
+CSS = """
+body { font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1000px; padding: 1em 2em; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; padding-bottom: 0.2em; }
+nav a { margin-right: 0.8em; white-space: nowrap; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 14px; }
+th, td { border-bottom: 1px solid #e3e3e3; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+figure { margin: 0.8em 0; } figure svg { max-width: 100%; height: auto; display: block; }
+figcaption { font-size: 13px; color: #555; }
+pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 12px; }
+.absent { color: #666; font-style: italic; }
+.note { background: #fff7d6; border-left: 4px solid #e0b400; padding: 0.4em 0.8em; }
+.error { background: #fde8e8; border-left: 4px solid #c33; padding: 0.4em 0.8em; }
+.status-complete { color: #16794a; } .status-incomplete, .status-interrupted, .status-killed,
+.status-running { color: #a86b00; } .status-failed { color: #c33; }
+.failed { color: #c33; } .warn { color: #a86b00; font-weight: bold; } .pass { color: #16794a; }
+.gallery td { text-align: center; font-size: 13px; }
+.gallery img { width: 96px; height: 96px; image-rendering: pixelated; display: block; margin: auto; }
+"""
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    """An HTML table; cells are HTML already (escape text with :func:`_e`)."""
+    head = "".join(f"<th>{cell}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td class=num>{cell}</td>" if i in numeric else f"<td>{cell}</td>"
+                                    for i, cell in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{caption}</figcaption></figure>"
+
+
+def _json(value) -> str:
+    return f"<pre>{_e(json.dumps(value, indent=2))}</pre>"
+
+
+def _details(summary: str, body: str) -> str:
+    return f"<details><summary>{summary}</summary>{body}</details>"
+
+
+def _planned(report: dict, part: str) -> bool:
+    plan = report["plan"]
+    if part == "attacks":
+        return bool(plan.get("attacks"))
+    if part == "sanity":
+        return (plan.get("sanity") or {}).get("enabled", True)
+    return plan.get(part) is not None
+
+
+def _missing(report: dict, what: str = "it") -> str:
+    """Why a planned section is absent: the run ended before it, or is still going."""
+    status = report["status"]
+    if status in ENDED:
+        return f"Missing: the run {ENDED[status]} before {what}."
+    if status == "running":
+        return f"Not computed yet: the run was still going when this page was written, before {what}."
+    return "Missing from the report."
+
+
+def _absent(report: dict, part: str) -> str | None:
+    """A sentence for a section with nothing to show, else None."""
+    present = bool(report.get(part)) if part == "attacks" else report.get(part) is not None
+    if present:
+        return None
+    return _missing(report) if _planned(report, part) else "Not in this plan."
+
+
+def _partial(report: dict, section: dict) -> str:
+    """A note for a section the run did not finish, else nothing."""
+    if section.get("status") != "running":
+        return ""
+    status = report["status"]
+    why = f"the run {ENDED[status]}" if status in ENDED else "the run was still going"
+    return f"<p class=note>Partial: {why} before this section finished; below is what it measured until then.</p>"
+
+
+def _failed(section: dict) -> str | None:
+    return f"<p class=error>Failed: {_e(section['error'])}</p>" if section.get("status") == "failed" else None
+
+
+def _budgets(report: dict) -> list[tuple[str, float, float, list[str]]]:
+    """Per threat model (norm, eps) of the finished attacks: the worst-case robust accuracy
+    (per example where the report has it, else the one attack's) and the attacks."""
+    worst = {(entry["norm"], entry["eps"]): entry for entry in report.get("worst_case", [])}
+    budgets: dict[tuple[str, float], list[dict]] = {}
+    for entry in report["attacks"]:
+        if entry["status"] == "ok" and entry["params"].get("eps") is not None:
+            budgets.setdefault((entry["params"].get("norm", "linf"), entry["params"]["eps"]), []).append(entry)
+    rows = []
+    for (norm, eps), entries in sorted(budgets.items()):
+        accuracy = worst[norm, eps]["robust_accuracy"] if (norm, eps) in worst else min(
+            e["robust_accuracy"] for e in entries)
+        rows.append((norm, eps, accuracy, [e["name"] for e in entries]))
+    return rows
+
+
+def _summary(report: dict, gallery) -> str:
+    model, dataset, clean = report["model"], report["dataset"], report.get("clean")
+    status = report["status"]
+    rows = [["model", f"{_e(model['name'])} ({model['num_params']:,} parameters, input "
+                      f"{'x'.join(map(str, model['input_shape']))}, {model['num_classes']} classes)"],
+            ["data", f"{_e(dataset['name'])}, {dataset['num_examples']:,} examples"],
+            ["status", f"<span class=status-{_e(status)}>{_e(status)}</span>"
+                       + (f": {_e(report['error'])}" if report.get("error") else "")],
+            ["started", _e(report["created"])],
+            ["clean accuracy", _pct(clean["accuracy"]) if clean else _e(_missing(report, "the clean pass"))]]
+    for norm, eps, accuracy, names in _budgets(report):
+        rows.append([f"worst-case robust accuracy, {_e(norm)} eps={_num(eps)}",
+                     f"{_pct(accuracy)} <small>(over {_e(', '.join(names))})</small>"])
+    if (corruptions := report.get("corruptions")) and corruptions.get("mce") is not None:
+        rows.append(["mCE (relative mCE)", f"{_pct(corruptions['mce'])} ({_pct(corruptions['relative_mce'])})"])
+    if (sequences := report.get("sequences")) and sequences.get("mean_flip_probability") is not None:
+        rows.append(["mean flip probability", _pct(sequences["mean_flip_probability"])])
+    if (system := report.get("system_noise")) and system.get("mean_accuracy") is not None:
+        rows.append(["system noise: mean accuracy (std)", f"{_pct(system['mean_accuracy'])} "
+                                                          f"({_pct(system['std_accuracy'])})"])
+    parts = [_table(["", ""], rows)]
+    sanity = report.get("sanity")
+    if sanity is not None and sanity["status"] != "failed":
+        verdicts = [check["verdict"] for check in sanity.get("checks", [])]
+        parts.append(f"<p>Checks against gradient masking: {verdicts.count('pass')} passed, "
+                     f"{verdicts.count('warn')} warned, {verdicts.count('skipped')} skipped.</p>")
+        parts += [f"<p class=note><b>{_e(check['name'])}</b>: {_e(check['message'])}. Advice: {_e(check['advice'])}</p>"
+                  for check in sanity.get("checks", []) if check["verdict"] == "warn"]
+    failed = [entry["name"] for entry in report["attacks"] if entry["status"] == "failed"]
+    failed += [part for part in SECTIONS if isinstance(report.get(part), dict)
+               and report[part].get("status") in ("failed", "incomplete")]
+    if failed:
+        parts.append(f"<p class=error>Failed or incomplete: {_e(', '.join(failed))} (see their sections).</p>")
+    absent = [SECTIONS[part] for part in ("attacks", "corruptions", "sequences", "system_noise", "metrics", "sanity")
+              if _planned(report, part) and _absent(report, part)]
+    if absent:
+        parts.append(f"<p class=note>{_e(_missing(report, 'these sections'))} {_e('; '.join(absent))}</p>")
+    return "".join(parts)
+
+
+def _attack_label(entry: dict) -> str:
+    params = {k: v for k, v in entry["params"].items() if k not in ("eps", "norm") and v is not None}
+    shown = [f"{k}={v}" for k, v in params.items() if k in ("steps", "restarts", "loss", "version") and v != 1]
+    return " ".join([entry["name"], *shown])
+
+
+def _attacks(report: dict, gallery) -> str:
+    attacks = report["attacks"]
+    curves: dict[str, dict[str, tuple[list, list]]] = {}
+    for entry in attacks:
+        if entry["status"] == "ok" and entry["params"].get("eps") is not None:
+            line = curves.setdefault(entry["params"].get("norm", "linf"), {}).setdefault(_attack_label(entry), ([], []))
+            line[0].append(entry["params"]["eps"])
+            line[1].append(entry["robust_accuracy"])
+    for entry in report.get("worst_case", []):
+        line = curves.setdefault(entry["norm"], {}).setdefault("worst case over attacks", ([], []))
+        line[0].append(entry["eps"])
+        line[1].append(entry["robust_accuracy"])
+    parts = []
+    if curves:
+        clean = report["clean"]["accuracy"] if report.get("clean") else None
+        lines = {norm: [(label, *map(list, zip(*sorted(zip(*xy))))) for label, xy in by_label.items()]
+                 for norm, by_label in curves.items()}
+        parts.append(_figure(plots.robust_accuracy(lines, clean), "Robust accuracy (share of all evaluated examples "
+                             "classified correctly clean and under the attack) against the attack's budget; each "
+                             "line starts at the clean accuracy. Worst case: an example counts only if every attack "
+                             "at that budget failed on it."))
+    rows = []
+    for entry in attacks:
+        params = _e(", ".join(f"{k}={v}" for k, v in entry["params"].items() if v is not None))
+        if entry["status"] != "ok":
+            rows.append([_e(entry["name"]), f"{params}<br><span class=failed>{_e(entry.get('error', ''))}</span>",
+                         "<span class=failed>failed</span>", "", "", "", "", ""])
+            continue
+        norms = entry["perturbation"] or {}
+        rows.append([_e(entry["name"]), params, _pct(entry["robust_accuracy"]), _pct(entry["attack_success_rate"]),
+                     _num(norms.get("linf_mean")), _num(norms.get("l2_mean")), _num(entry["queries_mean"]),
+                     f"{entry['timing']['wall_s']:.1f}"])
+    parts.append(_table(["attack", "parameters", "robust accuracy", "success", "mean Linf", "mean L2", "queries",
+                         "time (s)"], rows, numeric={2, 3, 4, 5, 6, 7}))
+    if report.get("worst_case"):
+        parts.append(_table(["norm", "eps", "attacks", "robust accuracy", "WCAR"],
+                            [[_e(w["norm"]), _num(w["eps"]), _e(", ".join(w["attacks"])), _pct(w["robust_accuracy"]),
+                              _pct(w["wcar"])] for w in report["worst_case"]], numeric={1, 3, 4}))
+    if len(attacks) < len(report["plan"]["attacks"]):
+        parts.append(f"<p class=note>{len(report['plan']['attacks']) - len(attacks)} of the plan's "
+                     f"{len(report['plan']['attacks'])} attack entries are absent. "
+                     f"{_e(_missing(report, 'them'))}</p>")
+    return "".join(parts)
+
+
+def _corruptions(report: dict, gallery) -> str:
+    section = report["corruptions"]
+    if (failed := _failed(section)) is not None:
+        return failed
+    parts = [_partial(report, section)]
+    names = list(dict.fromkeys(r["name"] for r in section["results"]))
+    severities = section["severities"]
+    if names:
+        grid = np.full((len(names), len(severities)), np.nan)
+        for r in section["results"]:
+            grid[names.index(r["name"]), severities.index(r["severity"])] = r["accuracy"]
+        parts.append(_figure(plots.heatmap(grid, names, [str(s) for s in severities], xlabel="severity",
+                                           ylabel="corruption", colorbar="accuracy", name="corruptions"),
+                             f"Top-1 accuracy (%) per corruption and severity ({_e(section['preset'])} constants)."))
+    baseline = section.get("baseline")
+    rows = [[_e(c["name"]), _e(c["family"]), _pct(c["mean_error"]), _pct(c.get("ce")), _pct(c.get("relative_ce"))]
+            for c in section.get("per_corruption", [])]
+    if rows:
+        parts.append(_table(["corruption", "family", "mean error", f"CE (vs {_e(baseline)})", "relative CE"], rows,
+                            numeric={2, 3, 4}))
+    if section.get("mean_error") is not None:
+        parts.append(f"<p>Mean error {_pct(section['mean_error'])}; mCE {_pct(section.get('mce'))}, relative mCE "
+                     f"{_pct(section.get('relative_mce'))} (CE: summed errors over the baseline's, Hendrycks &amp; "
+                     f"Dietterich 2019; '-' without a baseline).</p>")
+    parts += [f"<p class=error>{_e(f['name'])} failed: {_e(f['error'])}</p>" for f in section.get("failed", [])]
+    return "".join(parts)
+
+
+def _sequences(report: dict, gallery) -> str:
+    section = report["sequences"]
+    if (failed := _failed(section)) is not None:
+        return failed
+    parts = [_partial(report, section)]
+    results = section["results"]
+    if results:
+        parts.append(_figure(plots.bars([r["name"] for r in results], [r["flip_probability"] for r in results],
+                                        xlabel="flip probability", name="flip-probability"),
+                             f"Share of frames whose prediction differs from the reference frame (difficulty "
+                             f"{section['difficulty']}); lower is more stable."))
+        parts.append(_table(["perturbation", "family", "flip probability", "top-5 distance"],
+                            [[_e(r["name"]), _e(r["family"]), _pct(r["flip_probability"]),
+                              _num(r["top5_distance"])] for r in results], numeric={2, 3}))
+    if section.get("mean_flip_probability") is not None:
+        parts.append(f"<p>Mean flip probability {_pct(section['mean_flip_probability'])}, mean top-5 distance "
+                     f"{_num(section['mean_top5_distance'])}.</p>")
+    parts += [f"<p class=error>{_e(f['name'])} failed: {_e(f['error'])}</p>" for f in section.get("failed", [])]
+    return "".join(parts)
+
+
+def _system_noise(report: dict, gallery) -> str:
+    section = report["system_noise"]
+    if (failed := _failed(section)) is not None:
+        return failed
+    decoders, resizes = section["decoders"], section["resizes"]
+    grid = np.full((len(decoders), len(resizes)), np.nan)
+    for r in section["results"]:
+        grid[decoders.index(r["decoder"]), resizes.index(r["resize"])] = r["accuracy"]
+    return _figure(plots.heatmap(grid, decoders, resizes, xlabel="resize", ylabel="decoder", colorbar="accuracy",
+                                 name="system-noise"),
+                   f"Top-1 accuracy (%) per JPEG decoder (quality {section['quality']}) and resize interpolation. "
+                   f"Mean {_pct(section['mean_accuracy'])}, std {_pct(section['std_accuracy'])} (RobustART's score: "
+                   f"{_num(section['negative_std'])}, higher is more robust).")
+
+
+def _metrics(report: dict, gallery) -> str:
+    section = report["metrics"]
+    if (failed := _failed(section)) is not None:
+        return failed
+    parts = [_partial(report, section)]
+    groups: dict[str, list[dict]] = {}
+    for entry in section["results"]:
+        groups.setdefault(entry["group"], []).append(entry)
+    for group, entries in groups.items():
+        rows = [["" if e["index"] is None else str(e["index"]), _e(e["name"]),
+                 _num(e["value"]) if e["status"] == "ok" else _e(e["status"]), ARROWS.get(e["direction"], ""),
+                 _e(e["description"] if e["status"] == "ok" else e.get("reason", "")),
+                 _details("settings", _json(e["settings"])) if e.get("settings") else ""] for e in entries]
+        parts.append(f"<h3>{_e(group)}</h3>" + _table(["#", "metric", "value", "better", "definition", ""], rows,
+                                                       numeric={0, 2}))
+    parts.append("<p>Better: the direction that means a more robust model (for coverage, a more thorough "
+                 "adversarial test set; for the additional metrics, a better defence).</p>")
+    parts.append(_details("the metrics' settings", _json(section["settings"])))
+    return "".join(parts)
+
+
+def _calibration(report: dict, gallery) -> str:
+    if (clean := report.get("clean")) is None:
+        return f"<p class=absent>{_e(_missing(report, 'the clean pass'))}</p>"
+    calibration = clean["calibration"]
+    numbers = (f"<p>ECE (15 bins) {_num(calibration['expected_calibration_error'])}, RMS calibration error "
+               f"{_num(calibration['rms_calibration_error'])}, AURRA {_num(calibration['aurra'])} (lower, lower, "
+               f"higher is better).</p>")
+    bins = calibration.get("reliability")
+    if bins is None:
+        return numbers + "<p class=absent>This report has no per-bin calibration data (it was written before " \
+                         "robustjax recorded it), so the reliability diagram cannot be drawn.</p>"
+    return numbers + _figure(plots.reliability(bins["count"], bins["confidence"], bins["accuracy"]),
+                             "Reliability diagram of the clean predictions: accuracy and mean confidence per "
+                             "confidence bin (a calibrated model sits on the diagonal), and the share of examples "
+                             "per bin.")
+
+
+def _sanity(report: dict, gallery) -> str:
+    section = report["sanity"]
+    if (failed := _failed(section)) is not None:
+        return failed
+    rows = [[f"<span class={_e(c['verdict'])}>{_e(c['verdict'])}</span>",
+             _e(c["name"]) + _details("value, reference", _json(c.get("value")) + _e(c["reference"])),
+             _e(c["message"] if c["verdict"] != "skipped" else c.get("reason", c["message"])),
+             _e(c["advice"] if c["verdict"] == "warn" else "")] for c in section["checks"]]
+    return f"<p>On {section['num_examples']} correctly classified examples.</p>" + _table(
+        ["verdict", "check", "seen", "advice"], rows)
+
+
+def _gallery(report: dict, gallery: Mapping[str, np.ndarray] | None) -> str:
+    if gallery is None:
+        return ("<p class=absent>No gallery: gallery.npz is written beside report.json by <code>robustjax "
+                "evaluate</code> once a run ends without interruption.</p>")
+    kinds = [("clean", "clean")]
+    if "adversarial" in gallery:
+        kinds.append(("adversarial", f"adversarial: {gallery['attack']}"))
+    kinds.append(("corrupted", f"corrupted: {gallery['corruption']}"))
+    header = ["label", *(_e(title) for _, title in kinds)]
+    if "adversarial" in gallery:
+        header.insert(3, "perturbation, magnified")
+    rows = []
+    for i, label in enumerate(gallery["label"]):
+        row = [str(int(label))]
+        for kind, _ in kinds:
+            prediction, confidence = int(gallery[f"{kind}_prediction"][i]), float(gallery[f"{kind}_confidence"][i])
+            mark = "" if prediction == label else " &#10007;"
+            row.append(f"<img alt='{kind} {i}' src='{plots.png_data_uri(gallery[kind][i])}'>"
+                       f"predicted {prediction} ({_pct(confidence)}){mark}")
+            if kind == "adversarial":
+                delta = gallery["adversarial"][i] - gallery["clean"][i]
+                scale = float(np.abs(delta).max())
+                magnified = 0.5 + delta / (2 * scale) if scale > 0 else np.full_like(delta, 0.5)
+                row.append(f"<img alt='perturbation {i}' src='{plots.png_data_uri(magnified)}'>"
+                           f"{f'x{0.5 / scale:.1f}, max |&delta;| {scale:.3g}' if scale > 0 else 'none'}")
+        rows.append(row)
+    return ("<div class=gallery>" + _table(header, rows) + "</div><p>The first evaluated examples with the model's "
+            "predictions (&#10007;: wrong). The perturbation is shown around mid-grey, scaled so that its largest "
+            "change fills the range.</p>")
+
+
+def _reproduce(report: dict, gallery) -> str:
+    keys = report.get("randomness") or {}
+    parts = [f"<p>Schema version {report['schema_version']}. The plan as run:</p>", _json(report["plan"])]
+    if keys:
+        parts.append(_table(["randomness", ""], [[_e(k), _e(v)] for k, v in keys.items() if k != "keys"]))
+        parts.append(_table(["section", "keys"], [[_e(k), _e(v if v is not None else "draws none")]
+                                                  for k, v in keys.get("keys", {}).items()]))
+    parts.append(_table(["environment", ""], [[_e(k), _e(v)] for k, v in (report.get("environment") or {}).items()]))
+    return "".join(parts)
+
+
+RENDERERS: dict[str, Callable[[dict, Mapping | None], str]] = {
+    "summary": _summary, "attacks": _attacks, "corruptions": _corruptions, "sequences": _sequences,
+    "system_noise": _system_noise, "metrics": _metrics, "calibration": _calibration, "sanity": _sanity,
+    "gallery": _gallery, "reproduce": _reproduce,
+}
+
+
+def render_html(report: dict, gallery: Mapping[str, np.ndarray] | None = None) -> str:
+    """The page of ``report`` (a ``report.json`` as read back) and of the examples of
+    ``gallery`` (``evaluation.gallery``'s arrays), every section with a heading whose id is
+    its key in :data:`SECTIONS`."""
+    body = []
+    for part, title in SECTIONS.items():
+        absent = _absent(report, part) if part in RENDERERS and part not in (
+            "summary", "calibration", "gallery", "reproduce") else None
+        content = f"<p class=absent>{_e(absent)}</p>" if absent else RENDERERS[part](report, gallery)
+        body.append(f"<section id={part}><h2>{_e(title)}</h2>{content}</section>")
+    nav = " ".join(f"<a href='#{part}'>{_e(title)}</a>" for part, title in SECTIONS.items())
+    title = f"robustjax: {report['model']['name']} on {report['dataset']['name']}"
+    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
+            f"<meta name=viewport content='width=device-width, initial-scale=1'><style>{CSS}</style></head>"
+            f"<body><h1>{_e(title)}</h1><nav>{nav}</nav>{''.join(body)}</body></html>\n")
+
+
+def write_html(path: str | Path, report: dict, gallery: Mapping[str, np.ndarray] | None = None) -> None:
+    """Writes :func:`render_html` to ``path`` (its folder made if missing), replacing it atomically."""
+    path, text = Path(path), render_html(report, gallery)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda f: f.write(text.encode()))
