@@ -17,9 +17,9 @@ from robustjax.classifier import Classifier
 from robustjax.cli import EXIT_INTERRUPTED
 from robustjax.cli.nas import load_nas_model
 from robustjax.compile_cache import use_compile_cache
-from robustjax.evaluation import default_plan, evaluate, load_plan, resume
+from robustjax.evaluation import Plan, default_plan, evaluate, gallery, load_plan, resume
 from robustjax.evaluation.runner import environment, num_evaluated
-from robustjax.report import TABLES, finished_sections, read_report, write_report
+from robustjax.report import TABLES, finished_sections, html, read_report, write_report
 from robustjax.zoo.registry import MissingWeights
 
 ENDED_EARLY = {"killed": "was killed", "interrupted": "was interrupted", "failed": "failed"}
@@ -85,6 +85,26 @@ def _previous_run(out: Path) -> str | None:
         return None
 
 
+def _remove_gallery(folder: Path) -> None:
+    """Removes an earlier run's gallery (this run writes its own if it ends) and the temporary
+    files that killed writers of the gallery and of report.html left."""
+    for stale in [folder / gallery.FILE, *folder.glob(f".{gallery.FILE}.*.tmp"), *folder.glob(f".{html.FILE}.*.tmp")]:
+        stale.unlink(missing_ok=True)
+
+
+def _save_gallery(classifier: Classifier, dataset: data.ImageDataset, plan: Plan, folder: Path,
+                  console: Console) -> dict | None:
+    """The finished run's gallery (``evaluation.gallery``), saved in ``folder``; None, with a
+    note, when it cannot be made: the evaluation is done and stays so."""
+    try:
+        arrays = gallery.gallery(classifier, dataset, plan)
+    except Exception as error:  # noted; the report is complete without it
+        console.print(f"note: no gallery in {html.FILE} ({type(error).__name__}: {error})", highlight=False)
+        return None
+    gallery.save(folder / gallery.FILE, arrays)
+    return arrays
+
+
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     """Runs the plan, keeping each finished item in OUT/items (``evaluation.resume``): a
     rerun into the same folder reuses them, and refuses those of another evaluation unless
@@ -109,6 +129,8 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
 
     def update(report: dict) -> None:
         write_report(out, report)
+        if report["status"] != "running":  # the end, or an interruption: the page says what is missing
+            html.write_html(folder / html.FILE, report)
         for section in finished_sections(report):
             if section not in printed:
                 console.print(TABLES[section](report))
@@ -117,6 +139,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     with resume.ItemStore.open(folder / resume.ITEMS_FOLDER, fingerprint, fresh=args.fresh) as store:
         for leftover in folder.glob(f".{out.name}.*.tmp"):  # of a killed run (the store's lock is ours)
             leftover.unlink()
+        _remove_gallery(folder)
         done = store.names()
         console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
                       f"clean accuracy and {plan.num_attack_entries} attack run(s)"
@@ -135,5 +158,6 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
                           f"{out} has them (status \"interrupted\"); rerun the same command to resume",
                           highlight=False, soft_wrap=True)
             return EXIT_INTERRUPTED
+    html.write_html(folder / html.FILE, report, _save_gallery(classifier, dataset, plan, folder, console))
     console.print(f"report written to {out}")
     return 0 if report["status"] == "complete" else 1

@@ -1,4 +1,5 @@
-"""``robustjax report PATH``: the tables of a ``report.json``, and how far its run got."""
+"""``robustjax report PATH``: the tables of a ``report.json``, how far its run got, and its
+``report.html`` rendered again (with the gallery beside it, if any)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from robustjax.report import TABLES, read_report
+from robustjax.evaluation import gallery
+from robustjax.report import TABLES, html, read_report
 
 STATUS_LINES = {
     "complete": "complete",
@@ -31,4 +33,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     if status == "failed":
         line += f": {report.get('error', 'no error recorded')}"
     console.print(f"{path}: {line}", highlight=False, soft_wrap=True)
+    page = Path(args.html) if args.html else path.parent / html.FILE
+    html.write_html(page, report, gallery.load(path.parent / gallery.FILE))
+    console.print(f"HTML report written to {page}", highlight=False, soft_wrap=True)
     return 0
