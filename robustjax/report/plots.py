@@ -52,13 +52,14 @@ def robust_accuracy(curves: dict[str, list[tuple[str, list[float], list[float]]]
 def heatmap(values: np.ndarray, rows: list[str], columns: list[str], *, xlabel: str, ylabel: str,
             colorbar: str, name: str) -> str:
     """An annotated heatmap of accuracies in [0, 1] (NaN cells: not measured, shown as '-')."""
-    fig = _figure(max(2.2, 0.38 * len(rows) + 1.2))
+    fig = _figure(max(2.4, 0.38 * len(rows) + 1.6))
     ax = fig.subplots()
     image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", vmin=0, vmax=1, aspect="auto")
     for (i, j), value in np.ndenumerate(values):
         ax.text(j, i, "-" if math.isnan(value) else f"{100 * value:.0f}", ha="center", va="center",
                 fontsize="small", color="white" if math.isnan(value) or value < 0.6 else "black")
-    ax.set_xticks(range(len(columns)), columns)
+    crowded = len(columns) > 6 or max(map(len, columns)) > 8
+    ax.set_xticks(range(len(columns)), columns, rotation=45 if crowded else 0, ha="right" if crowded else "center")
     ax.set_yticks(range(len(rows)), rows)
     ax.set(xlabel=xlabel, ylabel=ylabel)
     fig.colorbar(image, ax=ax, label=colorbar)
@@ -75,7 +76,7 @@ def bars(labels: list[str], values: list[float], *, xlabel: str, name: str) -> s
         ax.text(value, position, f" {value:.3f}", va="center", fontsize="small")
     ax.set_yticks(positions, labels)
     ax.invert_yaxis()
-    ax.set(xlabel=xlabel, xlim=(0, max(1.0, *values) * 1.15))
+    ax.set(xlabel=xlabel, xlim=(0, max(0.01, *values) * 1.25))
     return svg(fig, name)
 
 
