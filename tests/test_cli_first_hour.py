@@ -130,6 +130,8 @@ def test_an_interrupted_run_prints_its_finished_tables_and_leaves_an_interrupted
     jsonschema.validate(report, schema())
     assert report["status"] == "interrupted" and [a["name"] for a in report["attacks"]] == ["fgsm"]
     assert report["sanity"] is None
+    assert "Missing: the run was interrupted before it." in (tmp_path / "out" / "report.html").read_text()
+    assert not (tmp_path / "out" / "gallery.npz").exists()
     assert signal.getsignal(signal.SIGTERM) is handler  # the command's own handler is gone
 
 
@@ -156,8 +158,11 @@ def test_a_report_left_running_reads_as_killed_once_its_writer_is_gone(tmp_path,
 def test_report_prints_the_tables_and_the_runs_end(tmp_path, plan, capsys):
     assert main(["evaluate", "--plan", str(plan), "--out", str(tmp_path)]) == 0
     capsys.readouterr()
+    assert (tmp_path / "gallery.npz").is_file() and "perturbation, magnified" in (tmp_path / "report.html").read_text()
+    (tmp_path / "report.html").unlink()
     code, out, _ = run(capsys, "report", str(tmp_path))
-    assert code == 0 and "fgsm eps=0.1" in out and out.strip().endswith("report.json: complete")
+    assert code == 0 and "fgsm eps=0.1" in out and "report.json: complete" in out
+    assert "perturbation, magnified" in (tmp_path / "report.html").read_text()  # rendered again, with the gallery
 
 
 def test_a_report_of_a_newer_schema_is_refused(tmp_path, capsys):
