@@ -24,6 +24,12 @@ give the steady state, where every program is compiled already: *population_warm
 same populations again) and *alone_warm* (the same sliced subnets evaluated again): the
 rate exact shapes would reach if compiling cost nothing, the ceiling of any per-network
 program on this machine.
+
+A last row, *machine_ceiling*, bounds every way of computing the plan on this machine: the
+plan's arithmetic per network (2 x the subnet's MACs per image pass; an attack step is a
+forward pass and an input gradient, two passes; weight gradients are not needed) at the
+float32 throughput of XLA's best kernel here, a large matrix product. No program, in any
+library, evaluates more networks per hour than that.
 """
 
 from __future__ import annotations
@@ -38,13 +44,32 @@ import jax
 import numpy as np
 
 import robustjax as rj
-from benchmarks.common import RESULTS, machine_facts
+from benchmarks.common import RESULTS, machine_facts, matmul_peak_gflops
 from robustjax.evaluation import evaluate
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
 
 PLAN = {"batch_size": 256, "num_examples": 256, "seed": 0,
         "attacks": [{"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": 0.1, "steps": 10}]}
+
+
+CALIBRATION_IMAGES = 1024
+
+
+def image_passes(plan: dict) -> int:
+    """Forward-pass equivalents of the plan per network: batch-norm recalibration, the clean
+    pass, and per attack its steps (forward and input gradient) and its final forward pass."""
+    steps = sum(2 * attack.get("steps", 1) + 1 for attack in plan["attacks"])
+    return CALIBRATION_IMAGES + plan["num_examples"] * (1 + steps)
+
+
+def machine_ceiling(space: rj.nas.SearchSpace, archs: list, peak_gflops: float) -> dict:
+    """Networks per hour of ``archs`` under the plan at ``peak_gflops``, from their MACs."""
+    flops = 2 * float(np.mean([space.cost(arch).macs for arch in archs])) * image_passes(PLAN)
+    seconds = flops / (peak_gflops * 1e9)
+    return {"networks": len(archs), "seconds": round(seconds * len(archs), 1), "compiles": None,
+            "networks_per_hour": round(3600 / seconds), "gflop_per_network": round(flops / 1e9, 2),
+            "peak_gflops": round(peak_gflops, 1)}
 
 
 class CompileCounter:
@@ -128,10 +153,10 @@ def inputs(space_name: str):
     images (accuracies then mean nothing; the work per network is that of CIFAR-10)."""
     if space_name in rj.nas.models.EMBEDDED:
         return (rj.nas.models.embedded_supernet(space_name), rj.data.digits("test"),
-                rj.nas.calibration_subset(rj.data.digits("train"), 1024))
+                rj.nas.calibration_subset(rj.data.digits("train"), CALIBRATION_IMAGES))
     space = rj.nas.space(space_name)
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (PLAN["num_examples"] + 1024, *space.input_shape), dtype=np.uint8)
+    images = rng.integers(0, 256, (PLAN["num_examples"] + CALIBRATION_IMAGES, *space.input_shape), dtype=np.uint8)
     labels = rng.integers(0, space.num_classes, PLAN["num_examples"])
     dataset = rj.data.from_arrays(images[:PLAN["num_examples"]], labels, num_classes=space.num_classes,
                                   name="random CIFAR-size images")
@@ -194,8 +219,13 @@ def main() -> None:
         torch_s = torch_alone(supernet, archs[:args.torch], calibration, dataset, args.threads)
         rows["torch"] = {"networks": args.torch, "seconds": round(torch_s, 1), "compiles": None,
                          "networks_per_hour": round(args.torch / torch_s * 3600)}
+    rows["machine_ceiling"] = machine_ceiling(supernet.space, archs, matmul_peak_gflops())
     ratios = {name: round(rows["population"]["networks_per_hour"] / row["networks_per_hour"], 2)
               for name, row in rows.items() if name != "population"}
+    if args.torch:
+        print(f"the machine's ceiling is {rows['machine_ceiling']['networks_per_hour'] / rows['torch']['networks_per_hour']:.1f}x "
+              f"torch's networks per hour ({rows['machine_ceiling']['gflop_per_network']} GFLOP per network at "
+              f"{rows['machine_ceiling']['peak_gflops']} GFLOP/s)")
     for name, row in rows.items():
         print(f"{name:12s} {row['networks']:5d} networks  {row['seconds']:8.1f} s  {row['compiles'] or '-':>5} compiles  "
               f"{row['networks_per_hour']:8d} networks/hour")
@@ -206,7 +236,7 @@ def main() -> None:
     path.write_text(json.dumps({
         "benchmark": "nas", "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": facts, "settings": {"space": args.space, "plan": PLAN, "population_size": args.population_size,
-                                       "calibration_images": 1024},
+                                       "calibration_images": CALIBRATION_IMAGES},
         "results": rows, "population_over": ratios, "results_equal": agree}, indent=2) + "\n")
     print(f"written to {path}")
 

@@ -125,7 +125,7 @@ def test_bad_populations_are_refused(calibration):
     with pytest.raises(ValueError, match="out of range"):
         from_supernet(supernet, [15625])
     with pytest.raises(ValueError, match=r"plan items \['metrics'\] do not apply to populations yet .* "
-                       r"the 23-metric suite profiles neuron bounds"):
+                       r"the 23-metric suite reads each network's own neurons"):
         evaluate_population(supernet, [0], dataset, dataclasses.replace(
             PLAN, metrics=plan_from_dict({"attacks": [], "metrics": {}}).metrics))
     space = dataclasses.replace(rj.nas.space("bignas_resnet_basic_digits"), resolutions=(6, 8), input_size=8)

@@ -74,9 +74,10 @@ def check_population_plan(plan: Plan) -> None:
     present = [name for name in UNSUPPORTED if getattr(plan, name) is not None]
     if present:
         raise ValueError(f"plan items {present} do not apply to populations yet (clean, [[attacks]], "
-                         "[corruptions], [sequences] and [system_noise] do): the 23-metric suite profiles "
-                         "neuron bounds and crafts transferred examples per model; remove them, or evaluate "
-                         "networks one at a time with `robustjax evaluate`")
+                         "[corruptions], [sequences] and [system_noise] do): the 23-metric suite reads each "
+                         "network's own neurons (coverage, sensitivity, uncertainty), which a population "
+                         "computing at the supernet's shapes does not have; remove them, or evaluate networks "
+                         "one at a time with `robustjax evaluate`")
 
 
 def attack_label(run: AttackRun, params: dict) -> str:
