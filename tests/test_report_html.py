@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -16,8 +17,11 @@ import pytest
 
 import robustjax as rj
 from robustjax.cli import main
+from robustjax.cli import report as cli_report
 from robustjax.evaluation import gallery, plan_from_dict
-from robustjax.report import html, schema
+from robustjax.report import html, schema, sweep_html
+from robustjax.report.page import escape
+from robustjax.sweep import analyze
 
 CHROMIUM = Path("/usr/bin/chromium")
 TIMING = {"wall_s": 1.5, "compile_s": 0.5, "images_per_s": 100.0}
@@ -158,7 +162,7 @@ def test_every_section_is_rendered_from_a_full_report():
     assert "mCE 50.0%" in parts["corruptions"] and "CE (vs alexnet)" in parts["corruptions"]
     for group, names in GROUPS:
         assert f"<h3>{group}</h3>" in parts["metrics"]
-        assert all(f"<td>{html._e(name)}</td>" in parts["metrics"] for name in names)
+        assert all(f"<td>{escape(name)}</td>" in parts["metrics"] for name in names)
     assert "&uarr;&nbsp;higher" in parts["metrics"] and "&darr;&nbsp;lower" in parts["metrics"]
     assert "the baseline&#x27;s error does not exceed" in parts["metrics"]  # the reason of an undefined metric
     assert parts["gallery"].count("<img") == 3 * 4 and "perturbation, magnified" in parts["gallery"]
@@ -309,3 +313,29 @@ def test_the_page_renders_in_a_headless_browser(which, tmp_path):
         Path(artefacts).mkdir(parents=True, exist_ok=True)
         shutil.copy(screenshot, artefacts)
         shutil.copy(page, Path(artefacts) / f"report-{which}.html")
+
+
+def sweep_table() -> analyze.Table:
+    rng = np.random.default_rng(0)
+    rows = [{"arch_id": f"net{i}", "params": int(1e4 * (i + 1)), "flops": int(1e6 * (i + 1)), "width": 8 * (i % 2 + 1),
+             "clean": float(rng.uniform(0.8, 1)), "pgd eps=0.1": float(rng.uniform(0, 0.5)),
+             "gaussian_noise s3": float(rng.uniform(0.5, 0.9)) if i else None} for i in range(5)]
+    return analyze.Table(rows=rows, dimensions=("width",), figures=("clean", "pgd eps=0.1", "gaussian_noise s3"))
+
+
+def test_a_sweep_database_renders_its_analysis_page(tmp_path, monkeypatch, capsys):
+    """`robustjax report DB.sqlite` draws analyze's plots of robustness against FLOPs and
+    parameters and of the rank correlations (the database read is stubbed: its layout is the
+    sweep store's to test)."""
+    page = sweep_html.render_sweep_html(sweep_table(), "robustjax sweep: s.sqlite")
+    assert page.count("<svg") == 3 and "Robustness against flops" in page and "Robustness against params" in page
+    assert "Rank correlations between noise types" in page and "<td>pgd eps=0.1</td><td>gaussian_noise s3</td>" in page
+    database = tmp_path / "s.sqlite"
+    sqlite3.connect(database).execute("create table t (x)").connection.close()
+    monkeypatch.setattr(cli_report.Store, "read", lambda path: path)
+    monkeypatch.setattr(cli_report.export, "table", lambda store: sweep_table() if store == database else None)
+    assert main(["report", str(database)]) == 0
+    assert "5 networks written to" in capsys.readouterr().out
+    assert (tmp_path / "s.html").read_text() == page
+    with pytest.raises(ValueError, match="correlations need at least 2"):
+        sweep_html.render_sweep_html(analyze.Table(rows=sweep_table().rows[:1], dimensions=(), figures=("clean",)), "")

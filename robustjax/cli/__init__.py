@@ -77,9 +77,11 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
 def _add_report(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser("report", help="print the tables of a report.json and how far its run got, and "
                                  "render its report.html")
-    report.add_argument("path", help="a report.json, or the output folder of `robustjax evaluate`")
+    report.add_argument("path", help="a report.json, the output folder of `robustjax evaluate`, or a sweep "
+                        "database (`robustjax sweep run --db`): its page of robustness against cost and rank "
+                        "correlations")
     report.add_argument("--html", metavar="OUT", help="where to write the HTML page (default: report.html beside "
-                        "the report)")
+                        "the report; DB.html beside a sweep database DB.sqlite)")
     report.set_defaults(run=command("robustjax.cli.report", "cmd_report"))
 
 

@@ -4,15 +4,14 @@ report, and says of each absent one whether the plan left it out or the run ende
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from robustjax.evaluation.resume import write_atomically
 from robustjax.report import plots
+from robustjax.report.page import document, escape, figure, number, percent, table, write
 
 SECTIONS = {
     "summary": "Summary",
@@ -29,53 +28,11 @@ SECTIONS = {
 FILE = "report.html"
 ENDED = {"interrupted": "was interrupted", "killed": "was killed", "failed": "failed"}
 ARROWS = {"higher": "&uarr;&nbsp;higher", "lower": "&darr;&nbsp;lower"}
-CSS = """
-body { font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1000px; padding: 1em 2em; color: #222; }
-h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; padding-bottom: 0.2em; }
-nav a { margin-right: 0.8em; white-space: nowrap; }
-table { border-collapse: collapse; margin: 0.6em 0; font-size: 14px; }
-th, td { border-bottom: 1px solid #e3e3e3; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-figure { margin: 0.8em 0; } figure svg { max-width: 100%; height: auto; display: block; }
-figcaption { font-size: 13px; color: #555; }
-pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 12px; }
-.absent { color: #666; font-style: italic; }
-.note { background: #fff7d6; border-left: 4px solid #e0b400; padding: 0.4em 0.8em; }
-.error { background: #fde8e8; border-left: 4px solid #c33; padding: 0.4em 0.8em; }
-.status-complete { color: #16794a; } .status-incomplete, .status-interrupted, .status-killed,
-.status-running { color: #a86b00; } .status-failed { color: #c33; }
-.failed { color: #c33; } .warn { color: #a86b00; font-weight: bold; } .pass { color: #16794a; }
-.gallery td { text-align: center; font-size: 13px; }
-.gallery img { width: 96px; height: 96px; image-rendering: pixelated; display: block; margin: auto; }
-"""
 
-
-def _e(value) -> str:
-    return html.escape(str(value))
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
-def _num(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{value:.{digits}g}"
-
-
-def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
-    """An HTML table; cells are HTML already (escape text with :func:`_e`)."""
-    head = "".join(f"<th>{cell}</th>" for cell in header)
-    body = "".join("<tr>" + "".join(f"<td class=num>{cell}</td>" if i in numeric else f"<td>{cell}</td>"
-                                    for i, cell in enumerate(row)) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{caption}</figcaption></figure>"
 
 
 def _json(value) -> str:
-    return f"<pre>{_e(json.dumps(value, indent=2))}</pre>"
+    return f"<pre>{escape(json.dumps(value, indent=2))}</pre>"
 
 
 def _details(summary: str, body: str) -> str:
@@ -119,7 +76,7 @@ def _partial(report: dict, section: dict) -> str:
 
 
 def _failed(section: dict) -> str | None:
-    return f"<p class=error>Failed: {_e(section['error'])}</p>" if section.get("status") == "failed" else None
+    return f"<p class=error>Failed: {escape(section['error'])}</p>" if section.get("status") == "failed" else None
 
 
 def _budgets(report: dict) -> list[tuple[str, float, float, list[str]]]:
@@ -141,40 +98,40 @@ def _budgets(report: dict) -> list[tuple[str, float, float, list[str]]]:
 def _summary(report: dict, gallery) -> str:
     model, dataset, clean = report["model"], report["dataset"], report.get("clean")
     status = report["status"]
-    rows = [["model", f"{_e(model['name'])} ({model['num_params']:,} parameters, input "
+    rows = [["model", f"{escape(model['name'])} ({model['num_params']:,} parameters, input "
                       f"{'x'.join(map(str, model['input_shape']))}, {model['num_classes']} classes)"],
-            ["data", f"{_e(dataset['name'])}, {dataset['num_examples']:,} examples"],
-            ["status", f"<span class=status-{_e(status)}>{_e(status)}</span>"
-                       + (f": {_e(report['error'])}" if report.get("error") else "")],
-            ["started", _e(report["created"])],
-            ["clean accuracy", _pct(clean["accuracy"]) if clean else _e(_missing(report, "the clean pass"))]]
+            ["data", f"{escape(dataset['name'])}, {dataset['num_examples']:,} examples"],
+            ["status", f"<span class=status-{escape(status)}>{escape(status)}</span>"
+                       + (f": {escape(report['error'])}" if report.get("error") else "")],
+            ["started", escape(report["created"])],
+            ["clean accuracy", percent(clean["accuracy"]) if clean else escape(_missing(report, "the clean pass"))]]
     for norm, eps, accuracy, names in _budgets(report):
-        rows.append([f"worst-case robust accuracy, {_e(norm)} eps={_num(eps)}",
-                     f"{_pct(accuracy)} <small>(over {_e(', '.join(names))})</small>"])
+        rows.append([f"worst-case robust accuracy, {escape(norm)} eps={number(eps)}",
+                     f"{percent(accuracy)} <small>(over {escape(', '.join(names))})</small>"])
     if (corruptions := report.get("corruptions")) and corruptions.get("mce") is not None:
-        rows.append(["mCE (relative mCE)", f"{_pct(corruptions['mce'])} ({_pct(corruptions['relative_mce'])})"])
+        rows.append(["mCE (relative mCE)", f"{percent(corruptions['mce'])} ({percent(corruptions['relative_mce'])})"])
     if (sequences := report.get("sequences")) and sequences.get("mean_flip_probability") is not None:
-        rows.append(["mean flip probability", _pct(sequences["mean_flip_probability"])])
+        rows.append(["mean flip probability", percent(sequences["mean_flip_probability"])])
     if (system := report.get("system_noise")) and system.get("mean_accuracy") is not None:
-        rows.append(["system noise: mean accuracy (std)", f"{_pct(system['mean_accuracy'])} "
-                                                          f"({_pct(system['std_accuracy'])})"])
-    parts = [_table(["", ""], rows)]
+        rows.append(["system noise: mean accuracy (std)", f"{percent(system['mean_accuracy'])} "
+                                                          f"({percent(system['std_accuracy'])})"])
+    parts = [table(["", ""], rows)]
     sanity = report.get("sanity")
     if sanity is not None and sanity["status"] != "failed":
         verdicts = [check["verdict"] for check in sanity.get("checks", [])]
         parts.append(f"<p>Checks against gradient masking: {verdicts.count('pass')} passed, "
                      f"{verdicts.count('warn')} warned, {verdicts.count('skipped')} skipped.</p>")
-        parts += [f"<p class=note><b>{_e(check['name'])}</b>: {_e(check['message'])}. Advice: {_e(check['advice'])}</p>"
+        parts += [f"<p class=note><b>{escape(check['name'])}</b>: {escape(check['message'])}. Advice: {escape(check['advice'])}</p>"
                   for check in sanity.get("checks", []) if check["verdict"] == "warn"]
     failed = [entry["name"] for entry in report["attacks"] if entry["status"] == "failed"]
     failed += [part for part in SECTIONS if isinstance(report.get(part), dict)
                and report[part].get("status") in ("failed", "incomplete")]
     if failed:
-        parts.append(f"<p class=error>Failed or incomplete: {_e(', '.join(failed))} (see their sections).</p>")
+        parts.append(f"<p class=error>Failed or incomplete: {escape(', '.join(failed))} (see their sections).</p>")
     absent = [SECTIONS[part] for part in ("attacks", "corruptions", "sequences", "system_noise", "metrics", "sanity")
               if _planned(report, part) and _absent(report, part)]
     if absent:
-        parts.append(f"<p class=note>{_e(_missing(report, 'these sections'))} {_e('; '.join(absent))}</p>")
+        parts.append(f"<p class=note>{escape(_missing(report, 'these sections'))} {escape('; '.join(absent))}</p>")
     return "".join(parts)
 
 
@@ -201,31 +158,31 @@ def _attacks(report: dict, gallery) -> str:
         clean = report["clean"]["accuracy"] if report.get("clean") else None
         lines = {norm: [(label, *map(list, zip(*sorted(zip(*xy))))) for label, xy in by_label.items()]
                  for norm, by_label in curves.items()}
-        parts.append(_figure(plots.robust_accuracy(lines, clean), "Robust accuracy (share of all evaluated examples "
+        parts.append(figure(plots.robust_accuracy(lines, clean), "Robust accuracy (share of all evaluated examples "
                              "classified correctly clean and under the attack) against the attack's budget; each "
                              "line starts at the clean accuracy. Worst case: an example counts only if every attack "
                              "at that budget failed on it."))
     rows = []
     for entry in attacks:
-        params = _e(", ".join(f"{k}={v}" for k, v in entry["params"].items() if v is not None))
+        params = escape(", ".join(f"{k}={v}" for k, v in entry["params"].items() if v is not None))
         if entry["status"] != "ok":
-            rows.append([_e(entry["name"]), f"{params}<br><span class=failed>{_e(entry.get('error', ''))}</span>",
+            rows.append([escape(entry["name"]), f"{params}<br><span class=failed>{escape(entry.get('error', ''))}</span>",
                          "<span class=failed>failed</span>", "", "", "", "", ""])
             continue
         norms = entry["perturbation"] or {}
-        rows.append([_e(entry["name"]), params, _pct(entry["robust_accuracy"]), _pct(entry["attack_success_rate"]),
-                     _num(norms.get("linf_mean")), _num(norms.get("l2_mean")), _num(entry["queries_mean"]),
+        rows.append([escape(entry["name"]), params, percent(entry["robust_accuracy"]), percent(entry["attack_success_rate"]),
+                     number(norms.get("linf_mean")), number(norms.get("l2_mean")), number(entry["queries_mean"]),
                      f"{entry['timing']['wall_s']:.1f}"])
-    parts.append(_table(["attack", "parameters", "robust accuracy", "success", "mean Linf", "mean L2", "queries",
+    parts.append(table(["attack", "parameters", "robust accuracy", "success", "mean Linf", "mean L2", "queries",
                          "time (s)"], rows, numeric={2, 3, 4, 5, 6, 7}))
     if report.get("worst_case"):
-        parts.append(_table(["norm", "eps", "attacks", "robust accuracy", "WCAR"],
-                            [[_e(w["norm"]), _num(w["eps"]), _e(", ".join(w["attacks"])), _pct(w["robust_accuracy"]),
-                              _pct(w["wcar"])] for w in report["worst_case"]], numeric={1, 3, 4}))
+        parts.append(table(["norm", "eps", "attacks", "robust accuracy", "WCAR"],
+                            [[escape(w["norm"]), number(w["eps"]), escape(", ".join(w["attacks"])), percent(w["robust_accuracy"]),
+                              percent(w["wcar"])] for w in report["worst_case"]], numeric={1, 3, 4}))
     if len(attacks) < len(report["plan"]["attacks"]):
         parts.append(f"<p class=note>{len(report['plan']['attacks']) - len(attacks)} of the plan's "
                      f"{len(report['plan']['attacks'])} attack entries are absent. "
-                     f"{_e(_missing(report, 'them'))}</p>")
+                     f"{escape(_missing(report, 'them'))}</p>")
     return "".join(parts)
 
 
@@ -240,20 +197,20 @@ def _corruptions(report: dict, gallery) -> str:
         grid = np.full((len(names), len(severities)), np.nan)
         for r in section["results"]:
             grid[names.index(r["name"]), severities.index(r["severity"])] = r["accuracy"]
-        parts.append(_figure(plots.heatmap(grid, names, [str(s) for s in severities], xlabel="severity",
+        parts.append(figure(plots.heatmap(grid, names, [str(s) for s in severities], xlabel="severity",
                                            ylabel="corruption", colorbar="accuracy", name="corruptions"),
-                             f"Top-1 accuracy (%) per corruption and severity ({_e(section['preset'])} constants)."))
+                             f"Top-1 accuracy (%) per corruption and severity ({escape(section['preset'])} constants)."))
     baseline = section.get("baseline")
-    rows = [[_e(c["name"]), _e(c["family"]), _pct(c["mean_error"]), _pct(c.get("ce")), _pct(c.get("relative_ce"))]
+    rows = [[escape(c["name"]), escape(c["family"]), percent(c["mean_error"]), percent(c.get("ce")), percent(c.get("relative_ce"))]
             for c in section.get("per_corruption", [])]
     if rows:
-        parts.append(_table(["corruption", "family", "mean error", f"CE (vs {_e(baseline)})", "relative CE"], rows,
+        parts.append(table(["corruption", "family", "mean error", f"CE (vs {escape(baseline)})", "relative CE"], rows,
                             numeric={2, 3, 4}))
     if section.get("mean_error") is not None:
-        parts.append(f"<p>Mean error {_pct(section['mean_error'])}; mCE {_pct(section.get('mce'))}, relative mCE "
-                     f"{_pct(section.get('relative_mce'))} (CE: summed errors over the baseline's, Hendrycks &amp; "
+        parts.append(f"<p>Mean error {percent(section['mean_error'])}; mCE {percent(section.get('mce'))}, relative mCE "
+                     f"{percent(section.get('relative_mce'))} (CE: summed errors over the baseline's, Hendrycks &amp; "
                      f"Dietterich 2019; '-' without a baseline).</p>")
-    parts += [f"<p class=error>{_e(f['name'])} failed: {_e(f['error'])}</p>" for f in section.get("failed", [])]
+    parts += [f"<p class=error>{escape(f['name'])} failed: {escape(f['error'])}</p>" for f in section.get("failed", [])]
     return "".join(parts)
 
 
@@ -264,17 +221,17 @@ def _sequences(report: dict, gallery) -> str:
     parts = [_partial(report, section)]
     results = section["results"]
     if results:
-        parts.append(_figure(plots.bars([r["name"] for r in results], [r["flip_probability"] for r in results],
+        parts.append(figure(plots.bars([r["name"] for r in results], [r["flip_probability"] for r in results],
                                         xlabel="flip probability", name="flip-probability"),
                              f"Share of frames whose prediction differs from the reference frame (difficulty "
                              f"{section['difficulty']}); lower is more stable."))
-        parts.append(_table(["perturbation", "family", "flip probability", "top-5 distance"],
-                            [[_e(r["name"]), _e(r["family"]), _pct(r["flip_probability"]),
-                              _num(r["top5_distance"])] for r in results], numeric={2, 3}))
+        parts.append(table(["perturbation", "family", "flip probability", "top-5 distance"],
+                            [[escape(r["name"]), escape(r["family"]), percent(r["flip_probability"]),
+                              number(r["top5_distance"])] for r in results], numeric={2, 3}))
     if section.get("mean_flip_probability") is not None:
-        parts.append(f"<p>Mean flip probability {_pct(section['mean_flip_probability'])}, mean top-5 distance "
-                     f"{_num(section['mean_top5_distance'])}.</p>")
-    parts += [f"<p class=error>{_e(f['name'])} failed: {_e(f['error'])}</p>" for f in section.get("failed", [])]
+        parts.append(f"<p>Mean flip probability {percent(section['mean_flip_probability'])}, mean top-5 distance "
+                     f"{number(section['mean_top5_distance'])}.</p>")
+    parts += [f"<p class=error>{escape(f['name'])} failed: {escape(f['error'])}</p>" for f in section.get("failed", [])]
     return "".join(parts)
 
 
@@ -286,11 +243,11 @@ def _system_noise(report: dict, gallery) -> str:
     grid = np.full((len(decoders), len(resizes)), np.nan)
     for r in section["results"]:
         grid[decoders.index(r["decoder"]), resizes.index(r["resize"])] = r["accuracy"]
-    return _figure(plots.heatmap(grid, decoders, resizes, xlabel="resize", ylabel="decoder", colorbar="accuracy",
+    return figure(plots.heatmap(grid, decoders, resizes, xlabel="resize", ylabel="decoder", colorbar="accuracy",
                                  name="system-noise"),
                    f"Top-1 accuracy (%) per JPEG decoder (quality {section['quality']}) and resize interpolation. "
-                   f"Mean {_pct(section['mean_accuracy'])}, std {_pct(section['std_accuracy'])} (RobustART's score: "
-                   f"{_num(section['negative_std'])}, higher is more robust).")
+                   f"Mean {percent(section['mean_accuracy'])}, std {percent(section['std_accuracy'])} (RobustART's score: "
+                   f"{number(section['negative_std'])}, higher is more robust).")
 
 
 def _metrics(report: dict, gallery) -> str:
@@ -302,11 +259,11 @@ def _metrics(report: dict, gallery) -> str:
     for entry in section["results"]:
         groups.setdefault(entry["group"], []).append(entry)
     for group, entries in groups.items():
-        rows = [["" if e["index"] is None else str(e["index"]), _e(e["name"]),
-                 _num(e["value"]) if e["status"] == "ok" else _e(e["status"]), ARROWS.get(e["direction"], ""),
-                 _e(e["description"] if e["status"] == "ok" else e.get("reason", "")),
+        rows = [["" if e["index"] is None else str(e["index"]), escape(e["name"]),
+                 number(e["value"]) if e["status"] == "ok" else escape(e["status"]), ARROWS.get(e["direction"], ""),
+                 escape(e["description"] if e["status"] == "ok" else e.get("reason", "")),
                  _details("settings", _json(e["settings"])) if e.get("settings") else ""] for e in entries]
-        parts.append(f"<h3>{_e(group)}</h3>" + _table(["#", "metric", "value", "better", "definition", ""], rows,
+        parts.append(f"<h3>{escape(group)}</h3>" + table(["#", "metric", "value", "better", "definition", ""], rows,
                                                        numeric={0, 2}))
     parts.append("<p>Better: the direction that means a more robust model (for coverage, a more thorough "
                  "adversarial test set; for the additional metrics, a better defence).</p>")
@@ -316,16 +273,16 @@ def _metrics(report: dict, gallery) -> str:
 
 def _calibration(report: dict, gallery) -> str:
     if (clean := report.get("clean")) is None:
-        return f"<p class=absent>{_e(_missing(report, 'the clean pass'))}</p>"
+        return f"<p class=absent>{escape(_missing(report, 'the clean pass'))}</p>"
     calibration = clean["calibration"]
-    numbers = (f"<p>ECE (15 bins) {_num(calibration['expected_calibration_error'])}, RMS calibration error "
-               f"{_num(calibration['rms_calibration_error'])}, AURRA {_num(calibration['aurra'])} (lower, lower, "
+    numbers = (f"<p>ECE (15 bins) {number(calibration['expected_calibration_error'])}, RMS calibration error "
+               f"{number(calibration['rms_calibration_error'])}, AURRA {number(calibration['aurra'])} (lower, lower, "
                f"higher is better).</p>")
     bins = calibration.get("reliability")
     if bins is None:
         return numbers + "<p class=absent>This report has no per-bin calibration data (it was written before " \
                          "robustjax recorded it), so the reliability diagram cannot be drawn.</p>"
-    return numbers + _figure(plots.reliability(bins["count"], bins["confidence"], bins["accuracy"]),
+    return numbers + figure(plots.reliability(bins["count"], bins["confidence"], bins["accuracy"]),
                              "Reliability diagram of the clean predictions: accuracy and mean confidence per "
                              "confidence bin (a calibrated model sits on the diagonal), and the share of examples "
                              "per bin.")
@@ -335,11 +292,11 @@ def _sanity(report: dict, gallery) -> str:
     section = report["sanity"]
     if (failed := _failed(section)) is not None:
         return failed
-    rows = [[f"<span class={_e(c['verdict'])}>{_e(c['verdict'])}</span>",
-             _e(c["name"]) + _details("value, reference", _json(c.get("value")) + _e(c["reference"])),
-             _e(c["message"] if c["verdict"] != "skipped" else c.get("reason", c["message"])),
-             _e(c["advice"] if c["verdict"] == "warn" else "")] for c in section["checks"]]
-    return f"<p>On {section['num_examples']} correctly classified examples.</p>" + _table(
+    rows = [[f"<span class={escape(c['verdict'])}>{escape(c['verdict'])}</span>",
+             escape(c["name"]) + _details("value, reference", _json(c.get("value")) + escape(c["reference"])),
+             escape(c["message"] if c["verdict"] != "skipped" else c.get("reason", c["message"])),
+             escape(c["advice"] if c["verdict"] == "warn" else "")] for c in section["checks"]]
+    return f"<p>On {section['num_examples']} correctly classified examples.</p>" + table(
         ["verdict", "check", "seen", "advice"], rows)
 
 
@@ -351,7 +308,7 @@ def _gallery(report: dict, gallery: Mapping[str, np.ndarray] | None) -> str:
     if "adversarial" in gallery:
         kinds.append(("adversarial", f"adversarial: {gallery['attack']}"))
     kinds.append(("corrupted", f"corrupted: {gallery['corruption']}"))
-    header = ["label", *(_e(title) for _, title in kinds)]
+    header = ["label", *(escape(title) for _, title in kinds)]
     if "adversarial" in gallery:
         header.insert(3, "perturbation, magnified")
     rows = []
@@ -361,7 +318,7 @@ def _gallery(report: dict, gallery: Mapping[str, np.ndarray] | None) -> str:
             prediction, confidence = int(gallery[f"{kind}_prediction"][i]), float(gallery[f"{kind}_confidence"][i])
             mark = "" if prediction == label else " &#10007;"
             row.append(f"<img alt='{kind} {i}' src='{plots.png_data_uri(gallery[kind][i])}'>"
-                       f"predicted {prediction} ({_pct(confidence)}){mark}")
+                       f"predicted {prediction} ({percent(confidence)}){mark}")
             if kind == "adversarial":
                 delta = gallery["adversarial"][i] - gallery["clean"][i]
                 scale = float(np.abs(delta).max())
@@ -369,7 +326,7 @@ def _gallery(report: dict, gallery: Mapping[str, np.ndarray] | None) -> str:
                 row.append(f"<img alt='perturbation {i}' src='{plots.png_data_uri(magnified)}'>"
                            f"{f'x{0.5 / scale:.1f}, max |&delta;| {scale:.3g}' if scale > 0 else 'none'}")
         rows.append(row)
-    return ("<div class=gallery>" + _table(header, rows) + "</div><p>The first evaluated examples with the model's "
+    return ("<div class=gallery>" + table(header, rows) + "</div><p>The first evaluated examples with the model's "
             "predictions (&#10007;: wrong). The perturbation is shown around mid-grey, scaled so that its largest "
             "change fills the range.</p>")
 
@@ -378,10 +335,10 @@ def _reproduce(report: dict, gallery) -> str:
     keys = report.get("randomness") or {}
     parts = [f"<p>Schema version {report['schema_version']}. The plan as run:</p>", _json(report["plan"])]
     if keys:
-        parts.append(_table(["randomness", ""], [[_e(k), _e(v)] for k, v in keys.items() if k != "keys"]))
-        parts.append(_table(["section", "keys"], [[_e(k), _e(v if v is not None else "draws none")]
+        parts.append(table(["randomness", ""], [[escape(k), escape(v)] for k, v in keys.items() if k != "keys"]))
+        parts.append(table(["section", "keys"], [[escape(k), escape(v if v is not None else "draws none")]
                                                   for k, v in keys.get("keys", {}).items()]))
-    parts.append(_table(["environment", ""], [[_e(k), _e(v)] for k, v in (report.get("environment") or {}).items()]))
+    parts.append(table(["environment", ""], [[escape(k), escape(v)] for k, v in (report.get("environment") or {}).items()]))
     return "".join(parts)
 
 
@@ -400,17 +357,13 @@ def render_html(report: dict, gallery: Mapping[str, np.ndarray] | None = None) -
     for part, title in SECTIONS.items():
         absent = _absent(report, part) if part in RENDERERS and part not in (
             "summary", "calibration", "gallery", "reproduce") else None
-        content = f"<p class=absent>{_e(absent)}</p>" if absent else RENDERERS[part](report, gallery)
-        body.append(f"<section id={part}><h2>{_e(title)}</h2>{content}</section>")
-    nav = " ".join(f"<a href='#{part}'>{_e(title)}</a>" for part, title in SECTIONS.items())
-    title = f"robustjax: {report['model']['name']} on {report['dataset']['name']}"
-    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
-            f"<meta name=viewport content='width=device-width, initial-scale=1'><style>{CSS}</style></head>"
-            f"<body><h1>{_e(title)}</h1><nav>{nav}</nav>{''.join(body)}</body></html>\n")
+        content = f"<p class=absent>{escape(absent)}</p>" if absent else RENDERERS[part](report, gallery)
+        body.append(f"<section id={part}><h2>{escape(title)}</h2>{content}</section>")
+    nav = " ".join(f"<a href='#{part}'>{escape(title)}</a>" for part, title in SECTIONS.items())
+    return document(f"robustjax: {report['model']['name']} on {report['dataset']['name']}",
+                    f"<nav>{nav}</nav>{''.join(body)}")
 
 
 def write_html(path: str | Path, report: dict, gallery: Mapping[str, np.ndarray] | None = None) -> None:
     """Writes :func:`render_html` to ``path`` (its folder made if missing), replacing it atomically."""
-    path, text = Path(path), render_html(report, gallery)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda f: f.write(text.encode()))
+    write(path, render_html(report, gallery))
