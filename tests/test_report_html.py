@@ -278,7 +278,7 @@ PROBE_BODY = """<script>addEventListener('load', () => {
 
 def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                           "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                           "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars", "--disable-dev-shm-usage",
                            f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120, check=True)
 
 
