@@ -29,6 +29,7 @@ from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation.parallel import predict
 from robustjax.evaluation.plan import BASELINES, MetricsRun, Plan
+from robustjax.evaluation.progress import UNTRACKED, Step
 from robustjax.evaluation.timing import timed
 from robustjax.metrics import behaviour, coverage, imperceptibility, structure
 
@@ -202,6 +203,10 @@ def _ssim_window(image_shape) -> int:
     return min(11, side if side % 2 else side - 1)
 
 
+def _num_batches(examples: int, parallel) -> int:
+    return -(-examples // parallel.batch_size)
+
+
 def _real(mask: np.ndarray, *arrays):
     """The leading ``mask.sum()`` rows (the real examples; padding comes last) of each array,
     on the host: a device-sharded slice would split a few rows unevenly over the devices."""
@@ -209,17 +214,17 @@ def _real(mask: np.ndarray, *arrays):
     return [None if a is None else np.asarray(a)[:count] for a in arrays]
 
 
-def _profile_bounds(run: MetricsRun, widths, classifier: Classifier, profile: ImageDataset, parallel):
+def _profile_bounds(run: MetricsRun, widths, classifier: Classifier, profile: ImageDataset, parallel, step: Step):
     """Per-neuron minimum and maximum over the whole profiling (training) set."""
     bounds = coverage.NeuronBounds.empty(widths)
-    for x, _, mask in parallel.batches(profile, None):
+    for x, _, mask in step.track(parallel.batches(profile, None)):
         (x,) = _real(mask, x)
         bounds = _profile(tuple(widths), run.conv_neuron, bounds, classifier, x)
     return bounds
 
 
 def _corruption_errors(run: MetricsRun, models: dict[str, Classifier], dataset: ImageDataset, plan: Plan,
-                       parallel, preset: str, key: jax.Array) -> dict[str, np.ndarray]:
+                       parallel, preset: str, key: jax.Array, step: Step) -> dict[str, np.ndarray]:
     """Top-1 error of each model per corruption and severity, (corruptions, severities);
     each batch is corrupted once and every model classifies the same corrupted images."""
     errors = {name: np.zeros((len(run.corruptions), len(run.severities))) for name in models}
@@ -227,7 +232,7 @@ def _corruption_errors(run: MetricsRun, models: dict[str, Classifier], dataset: 
         for s, severity in enumerate(run.severities):
             wrong = dict.fromkeys(models, 0)
             count = 0
-            for batch, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
+            for batch, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
                 batch_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, c), severity), batch)
                 corrupted = noise.corrupt(x, corruption, severity, batch_key, preset=preset)
                 for name, model in models.items():
@@ -335,11 +340,11 @@ def _entries(settings: dict, values: dict[str, Callable[[], float]], problems: d
 
 
 def _stream(run: MetricsRun, static: _Static, state: dict, classifier: Classifier, reference: Classifier | None,
-            dataset: ImageDataset, plan: Plan, parallel, ebd_directions: int) -> tuple[dict, int]:
+            dataset: ImageDataset, plan: Plan, parallel, ebd_directions: int, step: Step) -> tuple[dict, int]:
     """One pass over the evaluated set: attacks, boundary probes and the accumulators."""
     stream_key, ebd_key = jax.random.split(jax.random.fold_in(jax.random.key(plan.seed), _STREAM), 2)
     count = 0
-    for index, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
+    for index, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
         batch_key = jax.random.fold_in(stream_key, index)
         x_adv = run.attack(classifier, x, y, key=jax.random.fold_in(batch_key, 0)).x_adv
         x_transfer = None if reference is None else run.attack(reference, x, y, key=jax.random.fold_in(batch_key, 1)).x_adv
@@ -353,10 +358,12 @@ def _stream(run: MetricsRun, static: _Static, state: dict, classifier: Classifie
 def metrics_section(
     run: MetricsRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel, *,
     profile: ImageDataset | None, reference: Classifier | None, on_progress: Callable[[dict], None],
+    step: Step = UNTRACKED,
 ) -> dict:
     """The 23 metrics (and the additional ones) over the evaluated set, one entry each with
     its group, value, direction and settings. ``on_progress`` receives the section once the
-    streamed metrics have values and again with the corruption errors (mCE)."""
+    streamed metrics have values and again with the corruption errors (mCE); ``step``
+    advances per batch of each pass (profiling, streamed metrics, corruption errors)."""
     if reference is not None:
         if tuple(reference.input_shape) != tuple(classifier.input_shape) or reference.num_classes != classifier.num_classes:
             raise ValueError(f"reference model {reference.name!r} takes {tuple(reference.input_shape)} and predicts "
@@ -376,6 +383,11 @@ def metrics_section(
         problems |= {name: ("skipped", reason) for name in _NEEDS_REFERENCE}
         if run.mce_baseline == "reference":
             problems |= {name: ("skipped", reason) for name in _CORRUPTION}
+    profiled = profile is not None and tuple(profile.image_shape) == tuple(classifier.input_shape)
+    evaluated = dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
+    corrupted = 0 if _CORRUPTION <= problems.keys() else len(run.corruptions) * len(run.severities)
+    step.expect((_num_batches(profile.num_examples, parallel) if profiled else 0)
+                + _num_batches(evaluated, parallel) * (1 + corrupted))  # the passes, in batches
     with timed() as timing:
         bounds = None
         if profile is None:
@@ -387,13 +399,13 @@ def metrics_section(
             problems |= {name: ("skipped", reason) for name in _BOUNDED}
         else:
             try:
-                bounds = _profile_bounds(run, widths, classifier, profile, parallel)
+                bounds = _profile_bounds(run, widths, classifier, profile, parallel, step)
             except Exception as error:  # recorded; the other metrics still run
                 problems |= {name: ("failed", f"{type(error).__name__}: {error}") for name in _BOUNDED}
         static = _Static(tuple(widths), run.conv_neuron, float(run.rgb_sigma), run.ric_quality,
                          reference is not None, bounds is not None)
         state, count = _stream(run, static, _empty_state(run, static, widths, bounds, ssim_window), classifier,
-                               reference, dataset, plan, parallel, ebd_directions)
+                               reference, dataset, plan, parallel, ebd_directions, step)
         with_capped = state["EBD-2"].replace(include_capped=True)  # the fraction is defined when all are capped
         settings["EBD-2"]["capped_fraction"] = float(with_capped.compute()["capped_fraction"])
         pending = {name: ("running", "computed after the streamed metrics") for name in _CORRUPTION}
@@ -404,7 +416,7 @@ def metrics_section(
             models = {"model": classifier} | ({} if reference is None else {"reference": reference})
             try:
                 errors = _corruption_errors(run, models, dataset, plan, parallel, preset,
-                                            jax.random.fold_in(jax.random.key(plan.seed), _CORRUPTION_STREAM))
+                                            jax.random.fold_in(jax.random.key(plan.seed), _CORRUPTION_STREAM), step)
             except Exception as error:  # recorded; the other metrics keep their values
                 problems |= {name: ("failed", f"{type(error).__name__}: {error}") for name in _CORRUPTION}
             else:

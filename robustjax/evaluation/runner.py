@@ -32,7 +32,7 @@ from robustjax import metrics, noise
 from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
-from robustjax.evaluation import metric_suite, sanity
+from robustjax.evaluation import metric_suite, progress, sanity
 from robustjax.evaluation.items import jpeg_bytes
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import (
@@ -43,8 +43,10 @@ from robustjax.evaluation.plan import (
     SequenceRun,
     SystemNoiseRun,
 )
+from robustjax.evaluation.progress import UNTRACKED, OnStep, Step
 from robustjax.evaluation.resume import Finished, ItemStore, run_item
 from robustjax.evaluation.timing import Timing, timed
+from robustjax.precision import with_precision
 from robustjax.zoo.registry import count_params
 
 SCHEMA_VERSION = 5
@@ -75,13 +77,15 @@ def _reliability(confidence: np.ndarray, correct: np.ndarray) -> dict:
     return {name: [None if np.isnan(v) else v for v in np.asarray(values).tolist()] for name, values in bins.items()}
 
 
-def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel):
+def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
+                  step: Step = UNTRACKED):
     """Clean accuracy and calibration (RobustART's RMS calibration error and AURRA, ECE and its bins),
     and the host mask of correctly classified examples. A model whose logits are not finite
-    on some example is refused: every later number would be meaningless."""
+    on some example is refused: every later number would be meaningless. ``step`` advances
+    per batch."""
     correct, confidence, finite = [], [], []
     with timed() as timing:
-        for x, y, mask in parallel.batches(dataset, plan.num_examples):
+        for x, y, mask in step.track(parallel.batches(dataset, plan.num_examples)):
             top, prediction, batch_finite = _confidence_and_prediction(classifier, x)
             correct.append((np.asarray(prediction) == np.asarray(y))[mask])
             confidence.append(np.asarray(top)[mask])
@@ -105,15 +109,17 @@ def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, par
     return section, correct
 
 
-def _clean_item(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel) -> Finished:
-    section, correct = clean_section(classifier, dataset, plan, parallel)
+def _clean_item(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
+                step: Step) -> Finished:
+    section, correct = clean_section(classifier, dataset, plan, parallel, step)
     return Finished(section, {"correct": correct})
 
 
-def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel):
+def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
+                    step: Step):
     """Yields, per batch, the host mask and the per-epsilon results (leading axis: epsilon)."""
     key = jax.random.key(plan.seed)
-    for index, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
+    for index, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
         batch_key = jax.random.fold_in(key, index)
         if run.swept:
             result = run.attack.sweep(classifier, x, y, key=batch_key, eps=run.eps, restarts=run.restarts)
@@ -131,14 +137,14 @@ def _share(part, whole) -> float | None:
 
 def attack_sections(
     run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
-    parallel: DataParallel, clean_correct: np.ndarray,
+    parallel: DataParallel, clean_correct: np.ndarray, step: Step = UNTRACKED,
 ) -> tuple[list[dict], list[np.ndarray]]:
     """Robust accuracy, success rate, perturbation norms, queries and timing of one plan
     entry: one section per epsilon of its sweep, and per section the host mask of the
-    examples the attack did not fool (correct under attack)."""
+    examples the attack did not fool (correct under attack). ``step`` advances per batch."""
     columns: dict[str, list[np.ndarray]] = {}
     with timed() as timing:
-        for mask, values in _attack_batches(run, classifier, dataset, plan, parallel):
+        for mask, values in _attack_batches(run, classifier, dataset, plan, parallel, step):
             for name, value in values.items():
                 columns.setdefault(name, []).append(np.asarray(value)[:, mask])
     columns = {name: np.concatenate(parts, axis=1) for name, parts in columns.items()}
@@ -197,8 +203,9 @@ def worst_case_section(attacks: list[tuple[dict, np.ndarray]], clean_correct: np
 
 
 def _corruption_item(name: str, index: int, preset: str, run: CorruptionRun, classifier: Classifier,
-                     dataset: ImageDataset, plan: Plan, parallel: DataParallel) -> Finished:
-    """Accuracy under corruption ``name`` (position ``index`` in the plan) at every severity."""
+                     dataset: ImageDataset, plan: Plan, parallel: DataParallel, step: Step) -> Finished:
+    """Accuracy under corruption ``name`` (position ``index`` in the plan) at every severity;
+    ``step`` advances per batch and severity."""
     seed_key = jax.random.key(plan.seed)
     with timed() as timing:
         accuracies = []
@@ -207,7 +214,7 @@ def _corruption_item(name: str, index: int, preset: str, run: CorruptionRun, cla
             correct = [
                 (np.asarray(_predict_corrupted(name, severity, preset, classifier, x,
                                                jax.random.fold_in(key, batch))) == np.asarray(y))[mask]
-                for batch, (x, y, mask) in enumerate(parallel.batches(dataset, plan.num_examples))
+                for batch, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples)))
             ]
             accuracies.append(float(np.concatenate(correct).mean()))
     family = noise.get(name).family
@@ -217,14 +224,17 @@ def _corruption_item(name: str, index: int, preset: str, run: CorruptionRun, cla
 
 
 def _named_items(store: ItemStore | None, kind: str, names: tuple[str, ...], section: dict,
-                 on_progress: Callable[[dict], None], compute: Callable[[int, str], Finished]) -> list[dict]:
+                 on_progress: Callable[[dict], None], on_step: OnStep, units: int,
+                 compute: Callable[[int, str, Step], Finished]) -> list[dict]:
     """Runs one item per name, ``{kind}-{index}-{name}``, adding its ``results`` to
     ``section``, or its error to ``section["failed"]`` when it raises (the other names still
-    run); ``on_progress`` receives the section after each. Returns the items' ``seconds``."""
+    run); ``on_progress`` receives the section after each. Each item is a step of ``units``
+    for ``on_step``. Returns the items' ``seconds``."""
     seconds = []
     for index, name in enumerate(names):
         try:
-            finished = run_item(store, f"{kind}-{index}-{name}", lambda: compute(index, name))
+            with progress.step(on_step, f"{kind} {name}", units) as step:
+                finished = run_item(store, f"{kind}-{index}-{name}", lambda: compute(index, name, step))
         except Exception as error:  # recorded in the report; the other names still run
             section["failed"].append({"name": name, "error": f"{type(error).__name__}: {error}"})
         else:
@@ -242,15 +252,18 @@ def _total(seconds: list[dict]) -> Timing:
 def corruption_section(
     run: CorruptionRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
     clean_accuracy: float, on_progress: Callable[[dict], None], store: ItemStore | None = None,
+    on_step: OnStep = progress.ignore,
 ) -> dict:
     """Accuracy under every corruption and severity, and the corruption errors (mCE and
     relative mCE when the run names a baseline). ``on_progress`` receives the section after
-    each corruption (one item of ``store``); a corruption that fails is recorded and the
-    others still run."""
+    each corruption (one item of ``store``, one step of ``on_step``); a corruption that
+    fails is recorded and the others still run."""
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
-    seconds = _named_items(store, "corruption", run.names, section, on_progress, lambda index, name: _corruption_item(
-        name, index, preset, run, classifier, dataset, plan, parallel))
+    units = len(run.severities) * num_batches(dataset, plan, parallel)
+    seconds = _named_items(store, "corruption", run.names, section, on_progress, on_step, units,
+                           lambda index, name, step: _corruption_item(name, index, preset, run, classifier, dataset,
+                                                                      plan, parallel, step))
     section.update(corruption_summary(section["results"], run, 1.0 - clean_accuracy))
     section["timing"] = _total(seconds).as_dict(len(section["results"]) * num_evaluated(dataset, plan))
     section["status"] = "ok" if not section["failed"] else "incomplete"
@@ -280,12 +293,13 @@ def corruption_summary(results: list[dict], run: CorruptionRun, clean_error: flo
 
 
 def _sequence_item(name: str, index: int, preset: str, run: SequenceRun, classifier: Classifier,
-                   dataset: ImageDataset, plan: Plan, parallel: DataParallel) -> Finished:
-    """Flip probability and top-5 distance of perturbation ``name`` (position ``index``)."""
+                   dataset: ImageDataset, plan: Plan, parallel: DataParallel, step: Step) -> Finished:
+    """Flip probability and top-5 distance of perturbation ``name`` (position ``index``);
+    ``step`` advances per batch."""
     seed_key = jax.random.key(plan.seed)
     flips, top5 = [], []
     with timed() as timing:
-        for batch, (x, _, mask) in enumerate(parallel.batches(dataset, plan.num_examples)):
+        for batch, (x, _, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
             key = jax.random.fold_in(jax.random.fold_in(seed_key, index), batch)
             out = noise.evaluate_sequences(classifier, x, name, key, length=run.length,
                                            difficulty=run.difficulty, preset=preset)
@@ -299,17 +313,19 @@ def _sequence_item(name: str, index: int, preset: str, run: SequenceRun, classif
 
 def sequence_section(
     run: SequenceRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, on_progress: Callable[[dict], None],
-    store: ItemStore | None = None,
+    store: ItemStore | None = None, on_step: OnStep = progress.ignore,
 ) -> dict:
     """Flip probability and top-5 distance per perturbation (Hendrycks & Dietterich 2019,
     ImageNet-P), averaged over sequences; ``on_progress`` receives the section after each one
-    (one item of ``store``)."""
+    (one item of ``store``, one step of ``on_step``)."""
     parallel = DataParallel(run.batch_size)
     classifier = parallel.replicate(classifier)
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
-    seconds = _named_items(store, "sequence", run.names, section, on_progress, lambda index, name: _sequence_item(
-        name, index, preset, run, classifier, dataset, plan, parallel))
+    seconds = _named_items(store, "sequence", run.names, section, on_progress, on_step,
+                           num_batches(dataset, plan, parallel),
+                           lambda index, name, step: _sequence_item(name, index, preset, run, classifier, dataset,
+                                                                    plan, parallel, step))
     results = section["results"]
     section["mean_flip_probability"] = float(np.mean([r["flip_probability"] for r in results])) if results else None
     section["mean_top5_distance"] = float(np.mean([r["top5_distance"] for r in results])) if results else None
@@ -318,17 +334,19 @@ def sequence_section(
     return section
 
 
-def system_noise_section(run: SystemNoiseRun, classifier: Classifier, dataset: ImageDataset, plan: Plan) -> dict:
+def system_noise_section(run: SystemNoiseRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
+                         step: Step = UNTRACKED) -> dict:
     """Accuracy under every decoder x resize variant (RobustART's ImageNet-S) and its mean,
     standard deviation and negative standard deviation. The evaluated images are encoded
     as JPEG at ``run.quality``, then each variant decodes, resizes and centre-crops them back
-    to the model's input size."""
+    to the model's input size. ``step`` advances once, at the end."""
     x, y = dataset.arrays(limit=plan.num_examples)
     encoded = [jpeg_bytes(image, run.quality) for image in x]
     section = {"status": "running", **run.as_dict()}
     with timed() as timing:
         result = noise.system.evaluate_system_noise(classifier, encoded, y, run.variants(), batch_size=plan.batch_size,
                                                     crop=dataset.image_shape[0])
+    step.advance()
     variants = {variant.name: variant for variant in run.variants()}
     section["results"] = [{"decoder": variants[name].decoder, "resize": variants[name].resize, "accuracy": accuracy}
                           for name, accuracy in result.accuracy.items()]
@@ -339,6 +357,11 @@ def system_noise_section(run: SystemNoiseRun, classifier: Classifier, dataset: I
 
 def num_evaluated(dataset: ImageDataset, plan: Plan) -> int:
     return dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
+
+
+def num_batches(dataset: ImageDataset, plan: Plan, parallel: DataParallel) -> int:
+    """The batches one pass over the evaluated examples takes."""
+    return -(-num_evaluated(dataset, plan) // parallel.batch_size)
 
 
 def _installed_versions() -> dict[str, str]:
@@ -394,9 +417,17 @@ def randomness(plan: Plan, parallel: DataParallel) -> dict:
 
 
 def _attack_item(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                 clean_correct: np.ndarray) -> Finished:
-    sections, adversarial_correct = attack_sections(run, classifier, dataset, plan, parallel, clean_correct)
+                 clean_correct: np.ndarray, step: Step) -> Finished:
+    sections, adversarial_correct = attack_sections(run, classifier, dataset, plan, parallel, clean_correct, step)
     return Finished({"entries": sections}, {"correct": np.stack(adversarial_correct)})
+
+
+def attack_step(run: AttackRun) -> str:
+    """``"attack pgd linf eps=0.01,0.03"``: the progress step of a plan entry."""
+    params = run.attack.params()
+    norm = f" {params['norm']}" if "norm" in params else ""
+    eps = run.eps or ((params["eps"],) if params.get("eps") is not None else ())
+    return f"attack {run.attack.name}{norm}" + (f" eps={','.join(f'{e:.4g}' for e in eps)}" if eps else "")
 
 
 def stored_section(store: ItemStore | None, name: str, compute: Callable[[], dict]) -> dict:
@@ -413,6 +444,7 @@ def evaluate(
     reference: Classifier | None = None,
     on_update: Callable[[dict], None] = lambda report: None,
     store: ItemStore | None = None,
+    on_step: OnStep = progress.ignore,
 ) -> dict:
     """Runs ``plan`` and returns the report (schema: docs/report-schema.md).
 
@@ -420,7 +452,7 @@ def evaluate(
     and compares with ``reference`` (the model its ``metrics.reference`` names); metrics
     that need either are reported as skipped without it. Items found in ``store`` (opened
     with this run's ``resume.fingerprint``) are reused, and every item that finishes is
-    stored there.
+    stored there. ``on_step`` follows each item's progress (``evaluation.progress``).
     """
     if tuple(dataset.image_shape) != tuple(classifier.input_shape):
         raise ValueError(
@@ -433,7 +465,7 @@ def evaluate(
             f"model {classifier.name!r} predicts only {classifier.num_classes}"
         )
     parallel = DataParallel(plan.batch_size)
-    classifier = parallel.replicate(classifier)
+    classifier = parallel.replicate(with_precision(classifier, plan.precision))
     num_examples = num_evaluated(dataset, plan)
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -459,7 +491,7 @@ def evaluate(
         "sanity": None,
     }
     try:
-        _run_plan(report, classifier, dataset, plan, parallel, profile, reference, on_update, store)
+        _run_plan(report, classifier, dataset, plan, parallel, profile, reference, on_update, store, on_step)
     except BaseException as error:  # Ctrl-C (or SIGTERM made KeyboardInterrupt), or a bug: say so, then raise
         report["status"] = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         if not isinstance(error, KeyboardInterrupt):
@@ -471,16 +503,20 @@ def evaluate(
 
 def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
               profile: ImageDataset | None, reference: Classifier | None, on_update: Callable[[dict], None],
-              store: ItemStore | None) -> None:
-    """Fills ``report`` item by item, passing it to ``on_update`` after each."""
-    clean = run_item(store, "clean", lambda: _clean_item(classifier, dataset, plan, parallel))
+              store: ItemStore | None, on_step: OnStep) -> None:
+    """Fills ``report`` item by item, passing it to ``on_update`` after each; each item is a
+    step for ``on_step``."""
+    batches = num_batches(dataset, plan, parallel)
+    with progress.step(on_step, "clean", batches) as step:
+        clean = run_item(store, "clean", lambda: _clean_item(classifier, dataset, plan, parallel, step))
     report["clean"], clean_correct = clean.section, clean.arrays["correct"]
     on_update(report)
     finished = []  # (section, mask of the examples correct under the attack) of every attack that ran
     for position, run in enumerate(plan.runs):
         try:
-            item = run_item(store, f"attack-{position}-{run.attack.name}", lambda: _attack_item(
-                run, classifier, dataset, plan, parallel, clean_correct))
+            with progress.step(on_step, attack_step(run), batches) as step:
+                item = run_item(store, f"attack-{position}-{run.attack.name}", lambda: _attack_item(
+                    run, classifier, dataset, plan, parallel, clean_correct, step))
             sections, adversarial_correct = item.section["entries"], list(item.arrays["correct"])
         except Exception as error:  # recorded in the report; the rest of the plan still runs
             sections, adversarial_correct = [{"name": run.attack.name, "params": params, "status": "failed",
@@ -501,27 +537,32 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
 
     if plan.corruptions is not None:
         publish("corruptions")(corruption_section(plan.corruptions, classifier, dataset, plan, parallel,
-                                                  report["clean"]["accuracy"], publish("corruptions"), store))
+                                                  report["clean"]["accuracy"], publish("corruptions"), store,
+                                                  on_step))
     if plan.sequences is not None:
-        publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences"), store))
-    def stored_or_failed(part: str, settings: dict, compute: Callable[[], dict]) -> None:
-        """Publishes a section that is one item of ``store``; one that raises is recorded as
-        failed with ``settings`` and its error, like a failed attack, and the plan goes on."""
+        publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences"), store,
+                                              on_step))
+    def stored_or_failed(part: str, settings: dict, units: tuple[int, str], compute: Callable[[Step], dict]) -> None:
+        """Publishes a section that is one item of ``store`` and one step of ``units`` (count
+        and name; count 0: the section sets it); one that raises is recorded as failed with
+        ``settings`` and its error, like a failed attack, and the plan goes on."""
         try:
-            publish(part)(stored_section(store, part, compute))
+            with progress.step(on_step, part.replace("_", " "), *units) as step:
+                section = stored_section(store, part, lambda: compute(step))
+            publish(part)(section)
         except Exception as error:  # recorded in the report
             publish(part)({"status": "failed", **settings, "error": f"{type(error).__name__}: {error}"})
 
     if plan.system_noise is not None:
-        stored_or_failed("system_noise", plan.system_noise.as_dict(), lambda: system_noise_section(
-            plan.system_noise, classifier, dataset, plan))
+        stored_or_failed("system_noise", plan.system_noise.as_dict(), (1, "passes"), lambda step: system_noise_section(
+            plan.system_noise, classifier, dataset, plan, step))
     if plan.metrics is not None:
-        stored_or_failed("metrics", {"settings": plan.metrics.as_dict()}, lambda: metric_suite.metrics_section(
+        stored_or_failed("metrics", {"settings": plan.metrics.as_dict()}, (0, "batches"), lambda step: metric_suite.metrics_section(
             plan.metrics, classifier, dataset, plan, parallel, profile=profile, reference=reference,
-            on_progress=publish("metrics")))
+            on_progress=publish("metrics"), step=step))
     if plan.sanity.enabled:  # after the metrics: the black-box check reads their transfer accuracy
-        stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, lambda: sanity.sanity_section(
-            classifier, dataset, plan, parallel, report))
+        stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, (len(sanity.MODEL_CHECKS) + 1, "checks"),
+                         lambda step: sanity.sanity_section(classifier, dataset, plan, parallel, report, step=step))
     failed = any(section["status"] != "ok" for section in report["attacks"])
     failed |= any(report[part] is not None and report[part]["status"] != "ok"
                   for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity"))

@@ -33,6 +33,7 @@ from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation.parallel import DataParallel, predict
 from robustjax.evaluation.plan import Plan, SanityRun
+from robustjax.evaluation.progress import UNTRACKED, Step
 from robustjax.evaluation.timing import timed
 
 # Stream of the plan's seed for the checks' randomness (PGD's random starts).
@@ -481,15 +482,18 @@ def run_check(name: str, probe: Probe) -> dict:
 
 
 def sanity_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                   report: dict) -> dict:
+                   report: dict, step: Step = UNTRACKED) -> dict:
     """The sanity checks of ``report`` (its attack and metrics sections) and of the model on
-    ``dataset``; ``classifier`` is replicated on ``parallel``'s mesh, as in the runner."""
+    ``dataset``; ``classifier`` is replicated on ``parallel``'s mesh, as in the runner.
+    ``step`` advances after the pass that finds the correctly classified examples and after
+    each model check."""
     eps = plan.sanity.eps or _largest_linf_eps(report) or DEFAULT_EPS
     with timed() as timing:
         x, y = correct_examples(classifier, dataset, plan, parallel)
+        step.advance()
         probe = Probe(classifier, x, y, parallel, plan.sanity, eps,
                       jax.random.fold_in(jax.random.key(plan.seed), _STREAM))
-        checks = [run_check(name, probe) for name in MODEL_CHECKS]
+        checks = [run_check(name, probe) for name in step.track(MODEL_CHECKS)]
         checks += [accuracy_falls_with_eps(report), black_box_beats_white_box(report)]
     checks = sorted(checks, key=lambda check: list(CHECKS).index(check["name"]))
     return {"status": "ok", "settings": {**plan.sanity.as_dict(), "eps": eps}, "num_examples": len(y),
