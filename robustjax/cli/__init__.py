@@ -71,6 +71,8 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--compile-cache", default=DEFAULT_COMPILE_CACHE,
                     help="folder that keeps compiled programs between runs, or 'off' (default: %(default)s; "
                          "environment: ROBUSTJAX_COMPILE_CACHE)")
+    ev.add_argument("--quiet", action="store_true", help="no progress (bars on a terminal, a line per step "
+                    "otherwise) and no status lines; the tables, notes and errors still print")
     ev.set_defaults(run=command("robustjax.cli.evaluate", "cmd_evaluate"))
 
 

@@ -16,6 +16,7 @@ from robustjax import data, zoo
 from robustjax.classifier import Classifier
 from robustjax.cli import EXIT_INTERRUPTED
 from robustjax.cli.nas import load_nas_model
+from robustjax.cli.progress import StepDisplay
 from robustjax.compile_cache import use_compile_cache
 from robustjax.evaluation import Plan, default_plan, evaluate, gallery, load_plan, resume
 from robustjax.evaluation.runner import environment, num_evaluated
@@ -108,7 +109,8 @@ def _save_gallery(classifier: Classifier, dataset: data.ImageDataset, plan: Plan
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     """Runs the plan, keeping each finished item in OUT/items (``evaluation.resume``): a
     rerun into the same folder reuses them, and refuses those of another evaluation unless
-    ``--fresh`` discards them. Every check of the input runs before the long work starts."""
+    ``--fresh`` discards them. Every check of the input runs before the long work starts.
+    ``--quiet`` leaves out the progress and the status lines, not the tables and notes."""
     folder = resume.check_output_folder(args.out)
     use_compile_cache(args.compile_cache)
     plan = load_plan(args.plan) if args.plan else default_plan(args.dataset)
@@ -126,6 +128,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     fingerprint = resume.fingerprint(classifier, dataset, plan, environment(), profile=profile, reference=reference)
     previous = _previous_run(out)
     printed = set()
+    say = (lambda *_, **__: None) if args.quiet else console.print
 
     def update(report: dict) -> None:
         write_report(out, report)
@@ -141,23 +144,23 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             leftover.unlink()
         _remove_gallery(folder)
         done = store.names()
-        console.print(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
-                      f"clean accuracy and {plan.num_attack_entries} attack run(s)"
-                      f"{'' if plan.metrics is None else ', the 23 metrics'}; report in {out}")
+        say(f"evaluating [bold]{classifier.name}[/] on [bold]{dataset.name}[/]: "
+            f"clean accuracy and {plan.num_attack_entries} attack run(s)"
+            f"{'' if plan.metrics is None else ', the 23 metrics'}; report in {out}")
         if previous in ENDED_EARLY:
             console.print(f"the earlier run into {folder} {ENDED_EARLY[previous]} before it finished", highlight=False)
         if done:
-            console.print(f"resuming: {len(done)} finished item(s) in {store.folder} are reused "
-                          "(--fresh starts over)", highlight=False)
+            say(f"resuming: {len(done)} finished item(s) in {store.folder} are reused "
+                "(--fresh starts over)", highlight=False)
         try:
-            with sigterm_as_interrupt():
+            with sigterm_as_interrupt(), StepDisplay(console, quiet=args.quiet) as steps:
                 report = evaluate(classifier, dataset, plan, profile=profile, reference=reference,
-                                  on_update=update, store=store)
+                                  on_update=update, store=store, on_step=steps)
         except KeyboardInterrupt:
             console.print(f"interrupted: {len(store.names())} finished item(s) are kept in {store.folder} and "
                           f"{out} has them (status \"interrupted\"); rerun the same command to resume",
                           highlight=False, soft_wrap=True)
             return EXIT_INTERRUPTED
     html.write_html(folder / html.FILE, report, _save_gallery(classifier, dataset, plan, folder, console))
-    console.print(f"report written to {out}")
+    say(f"report written to {out}")
     return 0 if report["status"] == "complete" else 1

@@ -23,6 +23,7 @@ from rich.table import Table
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
 from robustjax.cli import DEFAULT_DATASET
+from robustjax.cli.progress import NetworkDisplay
 from robustjax.evaluation import default_plan, load_plan
 from robustjax.evaluation.items import check_population_plan
 from robustjax.evaluation.population import evaluate_population
@@ -118,16 +119,10 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"{space.name} has no bundled supernet: pass --supernet DIR (from `robustjax nas train`)")
     dataset = data.load(args.dataset, args.split, data_dir=args.data_dir)
     calibration = data.load(args.dataset, "train", data_dir=args.data_dir)
-    started, done = time.perf_counter(), []
-
-    def progress(population: list[dict]) -> None:
-        done.extend(population)
-        console.print(f"{len(done)}/{len(archs)} networks done ({time.perf_counter() - started:.0f} s)",
-                      highlight=False)
-
-    results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
-                                  population_size=args.population_size, network_shards=args.network_shards,
-                                  layout=args.layout, on_population=progress)
+    with NetworkDisplay(console, len(archs), quiet=args.quiet) as progress:
+        results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
+                                      population_size=args.population_size, network_shards=args.network_shards,
+                                      layout=args.layout, on_population=progress.advance)
     table = Table(title=f"{len(results)} networks of {space.name} on {dataset.name}", title_justify="left")
     for column in ("network", "MFLOPs", "clean", *[f"{r['name']} {r['params'].get('eps', '')}"
                                                      for r in results[0]["attacks"]]):
@@ -189,4 +184,6 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
                     "exact: each at its own shapes, one program each; auto: exact only for a lone network "
                     "(default: %(default)s)")
     ev.add_argument("--out", help="JSON file for the per-network results")
+    ev.add_argument("--quiet", action="store_true", help="no progress (a bar on a terminal, a line per population "
+                    "otherwise); the table and errors still print")
     ev.set_defaults(run=cmd_nas_evaluate)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import jax
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from robustjax import nas
 from robustjax.cli import DEFAULT_DATASET
 from robustjax.cli.nas import parse_ids
+from robustjax.cli.progress import NetworkDisplay
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE, use_compile_cache
 from robustjax.evaluation import load_plan
 from robustjax.nas.recalibrate import DEFAULT_IMAGES
@@ -63,37 +63,6 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
     return Sweep(space=space.name, supernet=args.supernet, **common), archs
 
 
-class _Progress:
-    """Networks done, rate and time left: a bar on a terminal, a line every N networks
-    otherwise, nothing with ``--quiet``."""
-
-    def __init__(self, console: Console, total: int, done: int, *, quiet: bool, every: int):
-        self.console, self.total, self.done, self.quiet, self.every = console, total, done, quiet, every
-        self.started, self.at_start, self.logged = time.perf_counter(), done, done
-        self.bar = None
-        if not quiet and console.is_terminal:
-            self.bar = Progress(TextColumn("networks"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console)
-            self.task = self.bar.add_task("sweep", total=total, completed=done, rate="")
-            self.bar.start()
-
-    def advance(self, chunk: list[str]) -> None:
-        self.done += len(chunk)
-        elapsed = time.perf_counter() - self.started
-        rate = (self.done - self.at_start) / elapsed * 3600 if elapsed > 0 else 0.0
-        if self.bar is not None:
-            self.bar.update(self.task, completed=self.done, rate=f"{rate:,.0f}/h")
-        elif not self.quiet and (self.done - self.logged >= self.every or self.done >= self.total):
-            left = (self.total - self.done) / rate * 3600 if rate > 0 else float("nan")
-            self.console.print(f"{self.done}/{self.total} networks done, {rate:,.0f} networks/h, "
-                               f"{left:.0f} s left", highlight=False)
-            self.logged = self.done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
     use_compile_cache(args.compile_cache)
     sweep, archs = _sweep_and_archs(args)
@@ -108,17 +77,14 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
     if not args.quiet:
         console.print(f"sweep of {len(selection)} networks into {args.db} ({done} done already; "
                       f"{len(store.item_keys())} items each)", highlight=False)
-    progress = _Progress(console, len(selection), done, quiet=args.quiet, every=args.log_every)
     worker = worker_id()
     started = time.perf_counter()
-    try:
+    with NetworkDisplay(console, len(selection), done, quiet=args.quiet, every=args.log_every) as progress:
         if args.ray:
             run_ray(sweep, store, selection, address=args.ray, worker=worker, lease_s=args.lease,
                     on_chunk=progress.advance, log=lambda line: console.print(line, highlight=False))
         else:
             run_local(sweep, store, selection, worker=worker, lease_s=args.lease, on_chunk=progress.advance)
-    finally:
-        progress.close()
     status = store.status()
     if not args.quiet:
         console.print(f"{len(store.done() & set(selection))}/{len(selection)} networks done in "
