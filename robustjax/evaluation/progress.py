@@ -58,18 +58,15 @@ class Step:
         self.report()
 
     def track(self, units: Iterable[T]) -> Iterator[T]:
-        """Yields ``units``, advancing once the consumer asks for the next one (or stops)."""
+        """Yields ``units``, advancing after each once the consumer asks for the next one."""
         for unit in units:
             yield unit
             self.advance()
 
 
-class _Untracked(Step):
-    def report(self, status: Status = "running") -> None:
-        pass
-
-
-UNTRACKED = _Untracked("", 0, ignore)  # the default of functions that advance a step they are given
+# The default of functions that advance a step they are given: it reports to no one (its
+# counts are never read).
+UNTRACKED = Step("", 0, ignore)
 
 
 @contextlib.contextmanager
