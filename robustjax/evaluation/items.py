@@ -10,8 +10,8 @@ item the example's sequence's flip rate and top-5 distance. Every figure (accura
 accuracy, attack success rate, worst case over attacks, WCAR, flip probability, top-5
 distance) is a mean over these outcomes, so it can be recomputed from them later.
 
-An item's ``key`` hashes what its outcome depends on: its settings, the plan's seed and
-batch size (attack keys are drawn per batch). Random keys are those of
+An item's ``key`` hashes what its outcome depends on: its settings, the plan's seed, batch
+size (attack keys are drawn per batch) and precision. Random keys are those of
 ``robustjax evaluate``: attack batch ``b`` gets ``fold_in(key(seed), b)``, corruption
 ``c`` at severity ``s`` gets ``fold_in(fold_in(fold_in(key(seed), c), s), b)``, perturbation
 ``p`` gets ``fold_in(fold_in(key(seed), p), b)`` over batches of the sequences' own batch size.
@@ -38,6 +38,7 @@ from robustjax.data.dataset import ImageDataset, from_arrays
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import AttackRun, Plan
 from robustjax.noise import flip, sequences
+from robustjax.precision import with_precision
 
 UNSUPPORTED = ("metrics",)
 # Per-example outcomes that are values rather than correct-or-not (sequence items: rates).
@@ -60,7 +61,7 @@ class Item:
 
     def key_for(self, plan: Plan) -> str:
         text = json.dumps({"kind": self.kind, "settings": self.settings, "seed": plan.seed,
-                           "batch_size": plan.batch_size}, sort_keys=True)
+                           "batch_size": plan.batch_size, "precision": plan.precision}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -181,6 +182,7 @@ class ItemRunner:
             return self._run(item, classifier, axes)
 
     def _run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
+        classifier = with_precision(classifier, self.plan.precision)
         classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
         self.check_fits(item, classifier, axes)
         if item.kind == "attack":

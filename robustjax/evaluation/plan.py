@@ -5,6 +5,8 @@ A plan file is TOML or JSON::
     batch_size = 250          # examples per compiled batch (default 128)
     num_examples = 1000       # optional: evaluate only the first N examples
     seed = 0                  # PRNG seed for the attacks' randomness
+    precision = "float32"     # or "bfloat16": the network's convolutions and matrix products
+                              # in bfloat16; losses, projections and figures stay float32
 
     [[attacks]]
     name = "pgd"              # a registered attack (robustjax.attacks.names())
@@ -60,8 +62,9 @@ from robustjax.builtin_plans import builtin_plan_text, builtin_plans
 from robustjax.checks import check_choice, check_positive_int
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 from robustjax.metrics.imperceptibility import L0_DENOMINATORS
+from robustjax.precision import PRECISIONS
 
-PLAN_KEYS = {"batch_size", "num_examples", "seed", "attacks", "corruptions", "sequences", "system_noise", "metrics",
+PLAN_KEYS = {"batch_size", "num_examples", "seed", "precision", "attacks", "corruptions", "sequences", "system_noise", "metrics",
              "sanity"}
 CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
 SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
@@ -240,6 +243,7 @@ class Plan:
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
+    precision: str = "float32"
 
     def __post_init__(self):
         check_positive_int(self.batch_size, "plan: batch_size")
@@ -247,6 +251,7 @@ class Plan:
             check_positive_int(self.num_examples, "plan: num_examples")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"plan: seed must be an integer >= 0, got {self.seed!r}")
+        check_choice(self.precision, PRECISIONS, "plan: precision")
 
     @property
     def num_attack_entries(self) -> int:
@@ -258,6 +263,7 @@ class Plan:
             "batch_size": self.batch_size,
             "num_examples": self.num_examples,
             "seed": self.seed,
+            "precision": self.precision,
             "attacks": [{"name": run.attack.name, **params} for run in self.runs for params in run.entries()],
             "corruptions": None if self.corruptions is None else self.corruptions.as_dict(),
             "sequences": None if self.sequences is None else self.sequences.as_dict(),
@@ -438,7 +444,7 @@ def plan_from_dict(raw: dict) -> Plan:
     sequences = _sequence_run(raw["sequences"]) if "sequences" in raw else None
     system_noise = _system_noise_run(raw["system_noise"]) if "system_noise" in raw else None
     metrics = _metrics_run(raw["metrics"]) if "metrics" in raw else None
-    settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed") if key in raw}
+    settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed", "precision") if key in raw}
     if "sanity" in raw:
         settings["sanity"] = _sanity_run(raw["sanity"])
     return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, metrics=metrics,
