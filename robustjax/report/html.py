@@ -28,7 +28,7 @@ SECTIONS = {
 FILE = "report.html"
 ENDED = {"interrupted": "was interrupted", "killed": "was killed", "failed": "failed"}
 ARROWS = {"higher": "&uarr;&nbsp;higher", "lower": "&darr;&nbsp;lower"}
-
+PLANNED = ("attacks", "corruptions", "sequences", "system_noise", "metrics", "sanity")  # sections a plan may leave out
 
 
 def _json(value) -> str:
@@ -44,7 +44,7 @@ def _planned(report: dict, part: str) -> bool:
     if part == "attacks":
         return bool(plan.get("attacks"))
     if part == "sanity":
-        return (plan.get("sanity") or {}).get("enabled", True)
+        return (plan.get("sanity") or {}).get("enabled", False)  # reports before schema 4 had no checks
     return plan.get(part) is not None
 
 
@@ -128,8 +128,7 @@ def _summary(report: dict, gallery) -> str:
                and report[part].get("status") in ("failed", "incomplete")]
     if failed:
         parts.append(f"<p class=error>Failed or incomplete: {escape(', '.join(failed))} (see their sections).</p>")
-    absent = [SECTIONS[part] for part in ("attacks", "corruptions", "sequences", "system_noise", "metrics", "sanity")
-              if _planned(report, part) and _absent(report, part)]
+    absent = [SECTIONS[part] for part in PLANNED if _planned(report, part) and _absent(report, part)]
     if absent:
         parts.append(f"<p class=note>{escape(_missing(report, 'these sections'))} {escape('; '.join(absent))}</p>")
     return "".join(parts)
@@ -355,8 +354,7 @@ def render_html(report: dict, gallery: Mapping[str, np.ndarray] | None = None) -
     its key in :data:`SECTIONS`."""
     body = []
     for part, title in SECTIONS.items():
-        absent = _absent(report, part) if part in RENDERERS and part not in (
-            "summary", "calibration", "gallery", "reproduce") else None
+        absent = _absent(report, part) if part in PLANNED else None
         content = f"<p class=absent>{escape(absent)}</p>" if absent else RENDERERS[part](report, gallery)
         body.append(f"<section id={part}><h2>{escape(title)}</h2>{content}</section>")
     nav = " ".join(f"<a href='#{part}'>{escape(title)}</a>" for part, title in SECTIONS.items())
