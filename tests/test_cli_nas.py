@@ -70,6 +70,15 @@ def test_nas_evaluate_prints_a_table_per_network(tmp_path, capsys):
     results = json.loads(out.read_text())
     assert len(results) == 3 and "fgsm 0.1" in text and "3 networks of bignas_resnet_basic_digits" in text
     assert all(0.0 <= r["attacks"][0]["robust_accuracy"] <= r["clean_accuracy"] for r in results)
+    plan.write_text('batch_size = 16\nnum_examples = 16\n[[attacks]]\nname = "fgsm"\neps = 0.1\n'
+                    '[sequences]\nnames = ["translate"]\nbatch_size = 8\n')
+    code, text, err = run(capsys, "nas", "evaluate", "nb201_digits", "--ids", "0-1", "--plan", str(plan),
+                          "--precision", "bfloat16", "--out", str(out))
+    assert code == 0, err
+    assert "flip prob." in text and all(0 <= r["sequences"][0]["flip_probability"] <= 1
+                                        for r in json.loads(out.read_text()))
+    code, _, err = run(capsys, "nas", "evaluate", "nb201_digits", "--ids", "0", "--precision", "fp16")
+    assert code == 2 and "precision must be one of ['bfloat16', 'float32'], got 'fp16'" in err
     code, _, err = run(capsys, "nas", "evaluate", "nb201", "--ids", "0")
     assert code == 2 and "no bundled supernet" in err
     code, _, err = run(capsys, "nas", "evaluate", "nb201_digits", "--ids", "3-x")

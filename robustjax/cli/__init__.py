@@ -47,6 +47,13 @@ def command(module: str, function: str) -> Callable[[argparse.Namespace, Console
     return run
 
 
+def add_plan_options(command: argparse.ArgumentParser) -> None:
+    """Options that override the plan's own settings (``cli.plan.with_options`` applies them)."""
+    command.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
+    command.add_argument("--precision", help="float32 or bfloat16: the network's convolutions and matrix products "
+                         "in bfloat16, everything else float32 (default: the plan's, float32)")
+
+
 def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     ev = commands.add_parser("evaluate", help="run an evaluation plan and write report.json")
     ev.add_argument("--model", default=DEFAULT_MODEL, help="zoo name or package.module:function (default: %(default)s)")
@@ -65,7 +72,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
                     "items a rerun resumes from (default: %(default)s)")
     ev.add_argument("--fresh", action="store_true", help="discard the items an earlier run kept in the output "
                     "folder and start over (needed when the plan, model, data or environment changed)")
-    ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
+    add_plan_options(ev)
     ev.add_argument("--image-size", type=int, help="resize and centre-crop images to this size")
     ev.add_argument("--data-dir", help="tfds data directory")
     ev.add_argument("--compile-cache", default=DEFAULT_COMPILE_CACHE,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from robustjax import data, zoo
 from robustjax.classifier import Classifier
 from robustjax.cli import EXIT_INTERRUPTED
 from robustjax.cli.nas import load_nas_model
+from robustjax.cli.plan import with_options
 from robustjax.cli.progress import StepDisplay
 from robustjax.compile_cache import use_compile_cache
 from robustjax.evaluation import Plan, default_plan, evaluate, gallery, load_plan, resume
@@ -114,8 +114,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     folder = resume.check_output_folder(args.out)
     use_compile_cache(args.compile_cache)
     plan = load_plan(args.plan) if args.plan else default_plan(args.dataset)
-    if args.num_examples is not None:
-        plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    plan = with_options(plan, args)
     calibration = None
     if args.supernet is not None:
         calibration = data.load(args.dataset, "train", image_size=args.image_size, data_dir=args.data_dir)

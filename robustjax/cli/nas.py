@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
-from robustjax.cli import DEFAULT_DATASET
+from robustjax.cli import DEFAULT_DATASET, add_plan_options
+from robustjax.cli.plan import with_options
 from robustjax.cli.progress import NetworkDisplay
 from robustjax.evaluation import default_plan, load_plan
 from robustjax.evaluation.items import check_population_plan
@@ -102,13 +104,20 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
+def _noise_means(result: dict) -> dict[str, float]:
+    """One network's mean figure per noise section its plan has."""
+    sections = (("corruptions", "corruptions", "accuracy"), ("system noise", "system_noise", "accuracy"),
+                ("flip prob.", "sequences", "flip_probability"))
+    return {column: float(np.mean([entry[figure] for entry in result[part]]))
+            for column, part, figure in sections if result[part]}
+
+
 def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
     space = nas.space(args.space)
     plan = load_plan(args.plan) if args.plan else default_plan("digits")
     if args.plan is None:  # the digits plan's attacks; its metrics do not run on populations
         plan = dataclasses.replace(plan, metrics=None, corruptions=None, sequences=None, system_noise=None)
-    if args.num_examples is not None:
-        plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    plan = with_options(plan, args)
     check_population_plan(plan)
     archs = parse_ids(args.ids) if args.ids else space.sample(jax.random.key(args.seed), args.n)
     if args.supernet:
@@ -123,14 +132,17 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
         results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
                                       population_size=args.population_size, network_shards=args.network_shards,
                                       layout=args.layout, on_population=progress.advance)
-    table = Table(title=f"{len(results)} networks of {space.name} on {dataset.name}", title_justify="left")
+    table = Table(title=f"{len(results)} networks of {space.name} on {dataset.name}", title_justify="left",
+                  caption="corruptions, system noise: mean accuracy; flip prob.: mean ImageNet-P flip probability")
+    noise_columns = list(_noise_means(results[0]))
     for column in ("network", "MFLOPs", "clean", *[f"{r['name']} {r['params'].get('eps', '')}"
-                                                     for r in results[0]["attacks"]]):
+                                                     for r in results[0]["attacks"]], *noise_columns):
         table.add_column(column, justify="right")
     for arch, result in zip(archs, results):
         config = space.resolve(arch)
         table.add_row(nas.models.arch_label(space, config), f"{space.cost(config).flops / 1e6:.1f}",
-                      f"{result['clean_accuracy']:.3f}", *[f"{a['robust_accuracy']:.3f}" for a in result["attacks"]])
+                      f"{result['clean_accuracy']:.3f}", *[f"{a['robust_accuracy']:.3f}" for a in result["attacks"]],
+                      *[f"{value:.3f}" for value in _noise_means(result).values()])
     console.print(table)
     if args.out:
         Path(args.out).write_text(json.dumps([{k: v for k, v in r.items() if k != "per_example"} for r in results],
@@ -167,14 +179,15 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     ev.add_argument("--ids", help="network ids and ranges, e.g. 0-63,100 (default: --n random ones)")
     ev.add_argument("--n", type=int, default=16, help="how many random networks without --ids (default: %(default)s)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the random networks (default: %(default)s)")
-    ev.add_argument("--plan", help="plan file or built-in plan; clean, [[attacks]] and [corruptions] apply "
+    ev.add_argument("--plan", help="plan file or built-in plan; clean, [[attacks]], [corruptions], [sequences] "
+                    "and [system_noise] apply "
                     "(default: the digits plan's attacks)")
     ev.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
     ev.add_argument("--dataset", default=DEFAULT_DATASET, help="(default: %(default)s; its train split "
                     "recalibrates batch norm)")
     ev.add_argument("--split", default="test", help="(default: %(default)s)")
     ev.add_argument("--data-dir", help="tfds data directory")
-    ev.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
+    add_plan_options(ev)
     ev.add_argument("--population-size", type=int, default=64, help="networks per compiled program "
                     "(default: %(default)s)")
     ev.add_argument("--network-shards", type=int, default=1, help="devices the networks of a population split "

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from rich.console import Console
 
 from robustjax.builtin_plans import builtin_plan_text
-from robustjax.evaluation import load_plan
+from robustjax.evaluation import Plan, load_plan
+
+
+def with_options(plan: Plan, args: argparse.Namespace) -> Plan:
+    """``plan`` with the command line's ``--num-examples`` and ``--precision`` where given."""
+    options = {"num_examples": args.num_examples, "precision": args.precision}
+    return dataclasses.replace(plan, **{key: value for key, value in options.items() if value is not None})
 
 
 def cmd_plan_show(args: argparse.Namespace, console: Console) -> int:

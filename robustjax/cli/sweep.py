@@ -13,7 +13,6 @@ run under the built-in ``sweep`` plan. A rerun of the same command resumes a kil
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 
@@ -21,8 +20,9 @@ import jax
 from rich.console import Console
 
 from robustjax import nas
-from robustjax.cli import DEFAULT_DATASET
+from robustjax.cli import DEFAULT_DATASET, add_plan_options
 from robustjax.cli.nas import parse_ids
+from robustjax.cli.plan import with_options
 from robustjax.cli.progress import NetworkDisplay
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE, use_compile_cache
 from robustjax.evaluation import load_plan
@@ -39,9 +39,7 @@ DEFAULT_N = 64
 
 
 def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
-    plan = load_plan(args.plan)
-    if args.num_examples is not None:
-        plan = dataclasses.replace(plan, num_examples=args.num_examples)
+    plan = with_options(load_plan(args.plan), args)
     common = {"plan": plan, "dataset": args.dataset, "split": args.split, "data_dir": args.data_dir,
               "population_size": args.population_size, "calibration_images": args.calibration_images,
               "network_shards": args.network_shards}
@@ -144,8 +142,8 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     run.add_argument("--all", action="store_true", help="every network of the space")
     run.add_argument("--seed", type=int, default=0, help="seed of the random networks (default: %(default)s)")
     run.add_argument("--plan", default=DEFAULT_PLAN, help="plan file or built-in plan (default: %(default)s); "
-                     "clean, [[attacks]], [corruptions] and [system_noise] apply")
-    run.add_argument("--num-examples", type=int, help="evaluate only the first N examples")
+                     "clean, [[attacks]], [corruptions], [sequences] and [system_noise] apply")
+    add_plan_options(run)
     run.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
     run.add_argument("--dataset", default=DEFAULT_DATASET, help="(default: %(default)s; its train split "
                      "recalibrates batch norm)")
