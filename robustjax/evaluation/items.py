@@ -79,6 +79,10 @@ def check_population_plan(plan: Plan) -> None:
                          "network's own neurons (coverage, sensitivity, uncertainty), which a population "
                          "computing at the supernet's shapes does not have; remove them, or evaluate networks "
                          "one at a time with `robustjax evaluate`")
+    if plan.natural_shift is not None:
+        raise ValueError("plan item [natural_shift] does not apply to populations yet (its released sets are other "
+                         "datasets than the one the population's items share); remove it, or evaluate networks one "
+                         "at a time with `robustjax evaluate`")
 
 
 def attack_label(run: AttackRun, params: dict) -> str:

@@ -39,6 +39,14 @@ A plan file is TOML or JSON::
     # ebd2_step, ebd2_max_steps, rgb_sigma, ric_quality, corruptions, severities, preset,
     # mce_baseline ("reference" or "alexnet"), toolkit_compat, ald_l0_denominator (see MetricsRun)
 
+    [natural_shift]           # optional: released natural-shift sets (data.shift) and OOD detection
+    datasets = ["imagenet-a", "imagenet-r", "imagenet-o", "imagenet-c", "cifar10-c"]
+    ood = "folder:PATH"       # optional: any folder of out-of-distribution images (or a list)
+    data_dir = "~/tensorflow_datasets"  # released folders and prepared tfds sets (default: tfds')
+    corruptions = "imagenet-c"  # of ImageNet-C / CIFAR-10-C: the 15, "all" (19) or a list
+    severities = [1, 2, 3, 4, 5]
+    num_examples = 1000       # optional: the first N examples of each set (default: the plan's)
+
     [sanity]                  # optional: checks against gradient masking (evaluation.sanity)
     enabled = true            # default: every evaluation runs them
     num_examples = 32         # correctly classified examples the model-based checks use
@@ -60,15 +68,17 @@ from robustjax import attacks, noise
 from robustjax.attacks.base import Attack
 from robustjax.builtin_plans import builtin_plan_text, builtin_plans
 from robustjax.checks import check_choice, check_positive_int
+from robustjax.data.shift import NAMES as SHIFT_DATASETS
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 from robustjax.metrics.imperceptibility import L0_DENOMINATORS
 from robustjax.precision import PRECISIONS
 
 PLAN_KEYS = {"batch_size", "num_examples", "seed", "precision", "attacks", "corruptions", "sequences", "system_noise", "metrics",
-             "sanity"}
+             "sanity", "natural_shift"}
 CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
 SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
 SYSTEM_NOISE_KEYS = {"decoders", "resizes", "quality"}
+NATURAL_SHIFT_KEYS = {"datasets", "ood", "data_dir", "corruptions", "severities", "num_examples"}
 # Named sets of corruptions: the 15 of the ImageNet-C benchmark, or all 19.
 CORRUPTION_SETS = {"imagenet-c": ("noise", "blur", "weather", "digital"), "all": noise.FAMILIES}
 BASELINES = {"alexnet": ALEXNET_IMAGENET_C_ERRORS}
@@ -213,6 +223,24 @@ class SanityRun:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class NaturalShiftRun:
+    """Released natural-shift sets (``data.SHIFT_DATASETS``) and out-of-distribution folders
+    (``"folder:PATH"``), read from ``data_dir``; ``corruptions`` x ``severities`` of ImageNet-C and
+    CIFAR-10-C; the first ``num_examples`` of each set (None: the plan's ``num_examples``)."""
+
+    datasets: tuple[str, ...] = ()
+    ood: tuple[str, ...] = ()
+    data_dir: str | None = None
+    corruptions: tuple[str, ...] = ()
+    severities: tuple[int, ...] = noise.SEVERITIES
+    num_examples: int | None = None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self) | {key: list(getattr(self, key))
+                                           for key in ("datasets", "ood", "corruptions", "severities")}
+
+
 def _check_keys(raw: dict, allowed: set[str], table: str) -> None:
     """Refuses keys of plan table ``table`` that are not ``allowed``, naming each with the
     nearest allowed key (``difflib``) and listing the allowed ones."""
@@ -240,6 +268,7 @@ class Plan:
     system_noise: SystemNoiseRun | None = None
     metrics: MetricsRun | None = None
     sanity: SanityRun = SanityRun()
+    natural_shift: NaturalShiftRun | None = None
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
@@ -270,6 +299,7 @@ class Plan:
             "system_noise": None if self.system_noise is None else self.system_noise.as_dict(),
             "metrics": None if self.metrics is None else self.metrics.as_dict(),
             "sanity": self.sanity.as_dict(),
+            "natural_shift": None if self.natural_shift is None else self.natural_shift.as_dict(),
         }
 
 
@@ -431,6 +461,38 @@ def _system_noise_run(raw) -> SystemNoiseRun:
     return run
 
 
+def _natural_shift_run(raw) -> NaturalShiftRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'natural_shift' must be a table, got {raw!r}")
+    _check_keys(raw, NATURAL_SHIFT_KEYS, "[natural_shift]")
+    datasets, ood = raw.get("datasets", []), raw.get("ood", [])
+    ood = [ood] if isinstance(ood, str) else ood
+    for key, value in (("datasets", datasets), ("ood", ood)):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"plan: natural_shift.{key} must be a list of strings, got {value!r}")
+    if not datasets and not ood:
+        raise ValueError(f"plan: natural_shift needs datasets (any of {list(SHIFT_DATASETS)}) or ood = \"folder:PATH\"")
+    for name in datasets:
+        if name not in SHIFT_DATASETS:
+            close = difflib.get_close_matches(name, SHIFT_DATASETS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"plan: natural_shift.datasets: unknown dataset {name!r}{hint}; expected any of "
+                             f"{list(SHIFT_DATASETS)}")
+    if len(set(datasets)) != len(datasets) or len(set(ood)) != len(ood):
+        raise ValueError("plan: natural_shift lists a dataset or an ood folder twice")
+    for spec in ood:
+        if not spec.startswith("folder:") or spec == "folder:":
+            raise ValueError(f"plan: natural_shift.ood entries are \"folder:PATH\" (a folder of images), got {spec!r}")
+    data_dir = raw.get("data_dir")
+    if data_dir is not None and not isinstance(data_dir, str):
+        raise ValueError(f"plan: natural_shift.data_dir must be a path string, got {data_dir!r}")
+    num_examples = raw.get("num_examples")
+    if num_examples is not None:
+        check_positive_int(num_examples, "plan: natural_shift.num_examples")
+    names, severities, _ = _corruption_settings(raw, "natural_shift", "corruptions")
+    return NaturalShiftRun(tuple(datasets), tuple(ood), data_dir, names, severities, num_examples)
+
+
 def plan_from_dict(raw: dict) -> Plan:
     """A :class:`Plan` from parsed TOML/JSON, validating every field."""
     if not isinstance(raw, dict):
@@ -444,11 +506,12 @@ def plan_from_dict(raw: dict) -> Plan:
     sequences = _sequence_run(raw["sequences"]) if "sequences" in raw else None
     system_noise = _system_noise_run(raw["system_noise"]) if "system_noise" in raw else None
     metrics = _metrics_run(raw["metrics"]) if "metrics" in raw else None
+    natural_shift = _natural_shift_run(raw["natural_shift"]) if "natural_shift" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed", "precision") if key in raw}
     if "sanity" in raw:
         settings["sanity"] = _sanity_run(raw["sanity"])
     return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, metrics=metrics,
-                **settings)
+                natural_shift=natural_shift, **settings)
 
 
 def load_plan(spec: str | Path) -> Plan:

@@ -32,7 +32,8 @@ from robustjax import metrics, noise
 from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
-from robustjax.evaluation import metric_suite, progress, sanity
+from robustjax.data.shift import ShiftSet
+from robustjax.evaluation import metric_suite, natural_shift, progress, sanity
 from robustjax.evaluation.items import jpeg_bytes
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import (
@@ -445,6 +446,7 @@ def evaluate(
     on_update: Callable[[dict], None] = lambda report: None,
     store: ItemStore | None = None,
     on_step: OnStep = progress.ignore,
+    shift_sets: list[ShiftSet] | None = None,
 ) -> dict:
     """Runs ``plan`` and returns the report (schema: docs/report-schema.md).
 
@@ -453,6 +455,8 @@ def evaluate(
     that need either are reported as skipped without it. Items found in ``store`` (opened
     with this run's ``resume.fingerprint``) are reused, and every item that finishes is
     stored there. ``on_step`` follows each item's progress (``evaluation.progress``).
+    ``shift_sets`` are the plan's ``[natural_shift]`` sets (``natural_shift.load_sets``, which
+    resizes with its ``image_size``); None opens them here, images as stored.
     """
     if tuple(dataset.image_shape) != tuple(classifier.input_shape):
         raise ValueError(
@@ -464,6 +468,8 @@ def evaluate(
             f"dataset {dataset.name!r} has {dataset.num_classes} classes, "
             f"model {classifier.name!r} predicts only {classifier.num_classes}"
         )
+    if plan.natural_shift is not None and shift_sets is None:
+        shift_sets = natural_shift.load_sets(plan.natural_shift, classifier)
     parallel = DataParallel(plan.batch_size)
     classifier = parallel.replicate(with_precision(classifier, plan.precision))
     num_examples = num_evaluated(dataset, plan)
@@ -489,9 +495,11 @@ def evaluate(
         "system_noise": None,
         "metrics": None,
         "sanity": None,
+        "natural_shift": None,
     }
     try:
-        _run_plan(report, classifier, dataset, plan, parallel, profile, reference, on_update, store, on_step)
+        _run_plan(report, classifier, dataset, plan, parallel, profile, reference, on_update, store, on_step,
+                  shift_sets)
     except BaseException as error:  # Ctrl-C (or SIGTERM made KeyboardInterrupt), or a bug: say so, then raise
         report["status"] = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         if not isinstance(error, KeyboardInterrupt):
@@ -503,7 +511,7 @@ def evaluate(
 
 def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
               profile: ImageDataset | None, reference: Classifier | None, on_update: Callable[[dict], None],
-              store: ItemStore | None, on_step: OnStep) -> None:
+              store: ItemStore | None, on_step: OnStep, shift_sets: list[ShiftSet] | None = None) -> None:
     """Fills ``report`` item by item, passing it to ``on_update`` after each; each item is a
     step for ``on_step``."""
     batches = num_batches(dataset, plan, parallel)
@@ -542,6 +550,10 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
     if plan.sequences is not None:
         publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences"), store,
                                               on_step))
+    if plan.natural_shift is not None:
+        publish("natural_shift")(natural_shift.natural_shift_section(
+            plan.natural_shift, shift_sets, classifier, dataset, plan, parallel, report["clean"]["accuracy"],
+            publish("natural_shift"), store, on_step))
     def stored_or_failed(part: str, settings: dict, units: tuple[int, str], compute: Callable[[Step], dict]) -> None:
         """Publishes a section that is one item of ``store`` and one step of ``units`` (count
         and name; count 0: the section sets it); one that raises is recorded as failed with
@@ -565,6 +577,6 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
                          lambda step: sanity.sanity_section(classifier, dataset, plan, parallel, report, step=step))
     failed = any(section["status"] != "ok" for section in report["attacks"])
     failed |= any(report[part] is not None and report[part]["status"] != "ok"
-                  for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity"))
+                  for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity", "natural_shift"))
     report["status"] = "incomplete" if failed else "complete"
     on_update(report)

@@ -2,7 +2,8 @@
 
 Grouped as the papers group them: ``coverage`` and ``imperceptibility`` (data),
 ``behaviour`` and ``structure`` (model) from the comprehensive evaluation framework;
-``robustart`` and ``calibration`` from RobustART; ``corruption`` (CE, mCE) from ImageNet-C.
+``robustart`` and ``calibration`` from RobustART; ``corruption`` (CE, mCE) from ImageNet-C;
+``shift`` (logits masked to a class subset) for ImageNet-A, -R and -O.
 Every accumulator follows one protocol (:class:`Accumulator`, in ``accumulator``) and
 ``compute()`` returns ``{metric name: value}``; :data:`DIRECTIONS` says for every such name
 whether a higher or a lower value means a more robust model.
@@ -16,6 +17,7 @@ from robustjax.metrics import (
     coverage,
     imperceptibility,
     robustart,
+    shift,
     structure,
 )
 from robustjax.metrics.accumulator import Accumulator
@@ -94,5 +96,6 @@ __all__ = [
     "mean_corruption_error",
     "relative_corruption_error",
     "robustart",
+    "shift",
     "structure",
 ]
