@@ -1,0 +1,21 @@
+"""Training with RobustART's aligned recipe and its techniques (issue 21).
+
+    clf = rj.zoo.create("digits_cnn", pretrained=False)
+    techniques = rj.training.parse("pgd_at")
+    recipe = rj.training.aligned("digits_cnn", techniques, steps=200, batch_size=64)
+    result = rj.training.train(clf, rj.data.digits("train"), "run/", recipe, techniques)
+    rj.training.save_trained("run/", result, model="digits_cnn", recipe=recipe, techniques=techniques)
+
+Modules: ``techniques`` (names and which combine), ``recipe`` (the aligned recipe and its
+optax optimizer), ``mixing`` (Mixup, CutMix, AugMix), ``model`` (a classifier's training
+and attack modes), ``step`` (the jitted step), ``loop`` (batches, sharding, checkpoints,
+metrics log), ``output`` (the trained weights and card ``zoo.create(..., weights=)`` reads).
+"""
+
+from robustjax.training.loop import StepReport, TrainResult, batch_indices, train
+from robustjax.training.output import save_trained
+from robustjax.training.recipe import Recipe, aligned
+from robustjax.training.techniques import TECHNIQUES, Techniques, describe, parse
+
+__all__ = ["TECHNIQUES", "Recipe", "StepReport", "Techniques", "TrainResult", "aligned", "batch_indices",
+           "describe", "parse", "save_trained", "train"]
