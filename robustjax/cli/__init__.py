@@ -4,6 +4,7 @@
     robustjax report PATH
     robustjax plan show [NAME] | check FILE
     robustjax zoo list [PATTERN] | card NAME | convert NAME CHECKPOINT --out DIR
+    robustjax train --model M --dataset D --technique pgd_at[,mixup,...] --out DIR
     robustjax nas list | card SPACE ARCH | train SPACE --out DIR | evaluate SPACE ...
     robustjax sweep run | status | export | analyze
 
@@ -124,6 +125,41 @@ def _add_zoo(commands: argparse._SubParsersAction) -> None:
     convert.set_defaults(run=command("robustjax.cli.zoo", "cmd_zoo_convert"))
 
 
+def _add_train(commands: argparse._SubParsersAction) -> None:
+    train = commands.add_parser("train", help="train a zoo model or NAS network with RobustART's aligned recipe and "
+                                "training techniques; `evaluate --weights OUT` evaluates it")
+    train.add_argument("--model", default=DEFAULT_MODEL, help="zoo name (default: %(default)s)")
+    train.add_argument("--arch", help="for a NAS model (nas.SPACE): the network, as an id, arch string or subnet name")
+    train.add_argument("--dataset", default=DEFAULT_DATASET, help="digits, tfds:NAME, a .npz file or an image folder "
+                       "(all of a file or folder is trained on) (default: %(default)s)")
+    train.add_argument("--split", default="train", help="split to train on (default: %(default)s)")
+    train.add_argument("--technique", default="", help="comma-separated techniques: pgd_at, madry, trades, fast_at, "
+                       "mixup, cutmix, augmix, no_label_smoothing, no_ema, adamw, dropout, reparam (default: none, "
+                       "the baseline recipe)")
+    train.add_argument("--out", required=True, help="folder for checkpoints/, metrics.jsonl, weights/ and card.json; "
+                       "a rerun of the same command resumes from its checkpoints")
+    length = train.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="training steps (default: from --epochs)")
+    length.add_argument("--epochs", type=float, help="passes over the training set (default: the recipe's 100)")
+    train.add_argument("--batch-size", type=int, help="examples per step, over all devices (default: 512)")
+    train.add_argument("--learning-rate", type=float, help="peak learning rate (default: the recipe's)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the initial weights, batches and attacks "
+                       "(default: %(default)s)")
+    train.add_argument("--attack-eps", type=float, help="linf radius of the adversarial-training attack "
+                       "(default: the technique's; step sizes keep their ratio to it)")
+    train.add_argument("--attack-steps", type=int, help="steps of the adversarial-training attack (default: the "
+                       "technique's)")
+    train.add_argument("--num-classes", type=int, help="classes of the model's head (default: the model's)")
+    train.add_argument("--image-size", type=int, help="resize and centre-crop images to this size")
+    train.add_argument("--data-dir", help="tfds data directory")
+    train.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints "
+                       "(default: %(default)s)")
+    train.add_argument("--log-every", type=int, default=10, help="steps between lines of metrics.jsonl "
+                       "(default: %(default)s)")
+    train.add_argument("--quiet", action="store_true", help="no progress and no status lines")
+    train.set_defaults(run=command("robustjax.cli.train", "cmd_train"))
+
+
 def parser(group: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; with ``group`` (``nas`` or ``sweep``), that group's
     commands are defined in full (importing their module), the others by their help line."""
@@ -133,6 +169,7 @@ def parser(group: str | None = None) -> argparse.ArgumentParser:
     _add_report(commands)
     _add_plan(commands)
     _add_zoo(commands)
+    _add_train(commands)
     for name, (module, help_line) in GROUPS.items():
         group_parser = commands.add_parser(name, help=help_line)
         if name == group:
