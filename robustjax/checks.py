@@ -15,12 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from robustjax.distributed import to_host
+
 
 def concrete_values(a) -> np.ndarray | None:
     """The values of ``a``, or None when ``a`` is being traced."""
     if isinstance(a, jax.core.Tracer):
         return None
-    return np.asarray(a)
+    return to_host(a)
 
 
 def check_image_batch(x, *, name: str = "x", channels: int | None = None) -> None:

@@ -39,6 +39,7 @@ from robustjax.attacks.compaction import bucket, traced
 from robustjax.attacks.fab import FAB
 from robustjax.attacks.square import Square
 from robustjax.checks import check_choice, check_nonnegative_float, check_positive_int
+from robustjax.distributed import to_host
 from robustjax.fast_conv import with_fast_convolutions
 from robustjax.losses import attack_margin
 
@@ -100,7 +101,7 @@ class AutoAttack(Attack):
 
     def _run_on_robust(self, classifier, x, y, key) -> AttackResult:
         """The sequential ensemble on concrete arrays, each stage on the still-robust examples."""
-        images, labels = np.asarray(x), np.asarray(y, np.int32)
+        images, labels = to_host(x), to_host(y).astype(np.int32)
         robust, ranked = map(np.array, _clean_check(classifier, images, labels))  # writable copies
         x_adv, queries = images.copy(), np.ones(len(labels), np.int32)  # the clean check
         for index, (attack, restarts, targets) in enumerate(self.components(classifier.num_classes)):

@@ -27,6 +27,7 @@ from robustjax.attacks.base import Attack
 from robustjax.attacks.compaction import Segmented, traced
 from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
+from robustjax.distributed import to_host
 from robustjax.losses import attack_margin
 from robustjax.sharding import varying_like
 
@@ -56,7 +57,7 @@ def warn_if_probabilities(
     """
     if traced(classifier, x):
         return
-    outputs = np.asarray(_outputs(classifier, jnp.asarray(np.asarray(x)[:_PROBE_ROWS])))
+    outputs = np.asarray(_outputs(classifier, jnp.asarray(to_host(x)[:_PROBE_ROWS])))
     if looks_like_probabilities(outputs):
         warnings.warn(
             f"classifier {classifier.name!r} seems to return probabilities (rows are non-negative "

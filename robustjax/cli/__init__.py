@@ -41,8 +41,14 @@ GROUPS = {
 
 
 def command(module: str, function: str) -> Callable[[argparse.Namespace, Console], int]:
-    """``module.function``, imported when the command runs."""
+    """``module.function``, imported when the command runs (after ``--distributed`` has
+    joined the process to its cluster: that must come before JAX starts a backend, which
+    importing the command's modules may do)."""
     def run(args: argparse.Namespace, console: Console) -> int:
+        if getattr(args, "distributed", False):
+            from robustjax import distributed
+
+            distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         return getattr(importlib.import_module(module), function)(args, console)
 
     return run
@@ -79,6 +85,12 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--compile-cache", default=DEFAULT_COMPILE_CACHE,
                     help="folder that keeps compiled programs between runs, or 'off' (default: %(default)s; "
                          "environment: ROBUSTJAX_COMPILE_CACHE)")
+    ev.add_argument("--distributed", action="store_true", help="one process per host: every host's devices in one "
+                    "mesh, results gathered to process 0, which alone writes --out (see the README's multi-host "
+                    "section); JAX finds the cluster on SLURM, MPI or TPU, else give the next three")
+    ev.add_argument("--coordinator", help="with --distributed: HOST:PORT of process 0")
+    ev.add_argument("--num-processes", type=int, help="with --distributed: how many processes take part")
+    ev.add_argument("--process-id", type=int, help="with --distributed: this process's index, 0 to N-1")
     ev.add_argument("--quiet", action="store_true", help="no progress (bars on a terminal, a line per step "
                     "otherwise) and no status lines; the tables, notes and errors still print")
     ev.set_defaults(run=command("robustjax.cli.evaluate", "cmd_evaluate"))

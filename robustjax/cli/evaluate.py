@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import jax
 from rich.console import Console
 
-from robustjax import data, zoo
+from robustjax import data, distributed, zoo
 from robustjax.classifier import Classifier
 from robustjax.cli import EXIT_INTERRUPTED
 from robustjax.cli.nas import load_nas_model
@@ -106,25 +108,83 @@ def _save_gallery(classifier: Classifier, dataset: data.ImageDataset, plan: Plan
     return arrays
 
 
-def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
-    """Runs the plan, keeping each finished item in OUT/items (``evaluation.resume``): a
-    rerun into the same folder reuses them, and refuses those of another evaluation unless
-    ``--fresh`` discards them. Every check of the input runs before the long work starts.
-    ``--quiet`` leaves out the progress and the status lines, not the tables and notes."""
-    folder = resume.check_output_folder(args.out)
+@contextlib.contextmanager
+def open_items(folder: Path, fingerprint: dict, fresh: bool) -> Iterator[resume.ItemStore]:
+    """The run's item store in ``folder``; in the other processes of a multi-host run, a
+    replica of what the main process found there (its error, if it met one, raised in all)."""
+    if jax.process_count() > 1:
+        store, error = None, None
+        if distributed.is_main():
+            try:
+                store = resume.ItemStore.open(folder, fingerprint, fresh=fresh)
+            except (OSError, ValueError) as raised:
+                error = raised
+        payload = distributed.share_from_main(
+            b"E" + str(error).encode() if error else b"S" + (store.snapshot() if store else b""))
+        if error is not None:
+            raise error
+        if payload[:1] == b"E":
+            raise ValueError(f"process 0: {payload[1:].decode()}")
+        store = store or resume.ReplicaStore(payload[1:])
+        with store:
+            yield store
+        return
+    with resume.ItemStore.open(folder, fingerprint, fresh=fresh) as store:
+        yield store
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What an evaluation reads before it runs: every check of the input happens there."""
+
+    plan: Plan
+    classifier: Classifier
+    dataset: data.ImageDataset
+    profile: data.ImageDataset | None
+    reference: Classifier | None
+
+    @property
+    def fingerprint(self) -> dict:
+        return resume.fingerprint(self.classifier, self.dataset, self.plan, environment(), profile=self.profile,
+                                  reference=self.reference)
+
+
+def read_inputs(args: argparse.Namespace, console: Console) -> Inputs:
     use_compile_cache(args.compile_cache)
-    plan = load_plan(args.plan) if args.plan else default_plan(args.dataset)
-    plan = with_options(plan, args)
+    plan = with_options(load_plan(args.plan) if args.plan else default_plan(args.dataset), args)
     calibration = None
     if args.supernet is not None:
         calibration = data.load(args.dataset, "train", image_size=args.image_size, data_dir=args.data_dir)
     classifier = load_model(args, calibration)
     dataset = data.load(args.dataset, args.split, image_size=args.image_size, data_dir=args.data_dir,
                         num_classes=classifier.num_classes, channels=classifier.input_shape[-1])
+    return Inputs(plan, classifier, dataset, *_metric_inputs(plan, args, console))
+
+
+def _evaluate_beside_main(args: argparse.Namespace) -> int:
+    """A multi-host run's process other than 0: the same computation, nothing printed or written."""
+    inputs = read_inputs(args, Console(quiet=True))
+    with open_items(Path(args.out) / resume.ITEMS_FOLDER, inputs.fingerprint, args.fresh) as store:
+        evaluate(inputs.classifier, inputs.dataset, inputs.plan, profile=inputs.profile, reference=inputs.reference,
+                 store=store)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
+    """Runs the plan, keeping each finished item in OUT/items (``evaluation.resume``): a
+    rerun into the same folder reuses them, and refuses those of another evaluation unless
+    ``--fresh`` discards them. Every check of the input runs before the long work starts.
+    ``--quiet`` leaves out the progress and the status lines, not the tables and notes.
+    With ``--distributed`` every process computes, and process 0 alone prints and writes."""
+    if not args.distributed and (args.coordinator, args.num_processes, args.process_id) != (None, None, None):
+        raise ValueError("--coordinator, --num-processes and --process-id go with --distributed")
+    if not distributed.is_main():
+        return _evaluate_beside_main(args)
+    folder = resume.check_output_folder(args.out)
+    inputs = read_inputs(args, console)
+    plan, classifier, dataset = inputs.plan, inputs.classifier, inputs.dataset
     resume.check_free_space(folder, resume.expected_bytes(plan, num_evaluated(dataset, plan)))
-    profile, reference = _metric_inputs(plan, args, console)
     out = folder / "report.json"
-    fingerprint = resume.fingerprint(classifier, dataset, plan, environment(), profile=profile, reference=reference)
     previous = _previous_run(out)
     printed = set()
     say = (lambda *_, **__: None) if args.quiet else console.print
@@ -138,7 +198,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
                 console.print(TABLES[section](report))
                 printed.add(section)
 
-    with resume.ItemStore.open(folder / resume.ITEMS_FOLDER, fingerprint, fresh=args.fresh) as store:
+    with open_items(folder / resume.ITEMS_FOLDER, inputs.fingerprint, args.fresh) as store:
         for leftover in folder.glob(f".{out.name}.*.tmp"):  # of a killed run (the store's lock is ours)
             leftover.unlink()
         _remove_gallery(folder)
@@ -153,7 +213,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
                 "(--fresh starts over)", highlight=False)
         try:
             with sigterm_as_interrupt(), StepDisplay(console, quiet=args.quiet) as steps:
-                report = evaluate(classifier, dataset, plan, profile=profile, reference=reference,
+                report = evaluate(classifier, dataset, plan, profile=inputs.profile, reference=inputs.reference,
                                   on_update=update, store=store, on_step=steps)
         except KeyboardInterrupt:
             console.print(f"interrupted: {len(store.names())} finished item(s) are kept in {store.folder} and "

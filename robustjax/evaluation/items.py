@@ -35,6 +35,7 @@ import numpy as np
 from robustjax import noise
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset, from_arrays
+from robustjax.distributed import to_host
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import AttackRun, Plan
 from robustjax.noise import flip, sequences
@@ -192,7 +193,7 @@ class ItemRunner:
         if item.kind == "attack":
             correct = self._correct(classifier, axes, self.batches)
             success = np.concatenate([
-                np.asarray(_attack_success(item.run, axes, classifier, x, y, jax.random.fold_in(self.seed_key, b)))
+                to_host(_attack_success(item.run, axes, classifier, x, y, jax.random.fold_in(self.seed_key, b)))
                 [:, :, mask] for b, (x, y, mask) in enumerate(self.batches)], axis=2)
             return correct[:, None] & ~success
         if item.kind == "corruption":
@@ -204,7 +205,7 @@ class ItemRunner:
             return self._correct(classifier, axes, corrupted)[:, None]
         if item.kind == "sequence":
             static = self._sequence_static(item.settings)
-            return np.concatenate([np.asarray(_sequence_scores(*static, axes, classifier, x, key))[:, :, mask]
+            return np.concatenate([to_host(_sequence_scores(*static, axes, classifier, x, key))[:, :, mask]
                                    for x, key, mask in self._sequence_inputs(item.settings)], axis=2)
         if item.kind == "system_noise":
             return self._correct(classifier, axes, self._system_noise_batches(item.settings))[:, None]
@@ -246,7 +247,7 @@ class ItemRunner:
 
     @staticmethod
     def _correct(classifier: Classifier, axes: Any, batches: list) -> np.ndarray:
-        return np.concatenate([(np.asarray(_predict(axes, classifier, x)) == np.asarray(y)[None])[:, mask]
+        return np.concatenate([(to_host(_predict(axes, classifier, x)) == to_host(y)[None])[:, mask]
                                for x, y, mask in batches], axis=1)
 
     def _sequence_static(self, settings: dict) -> tuple[str, str, int, int]:

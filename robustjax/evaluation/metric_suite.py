@@ -27,6 +27,7 @@ import numpy as np
 from robustjax import metrics, noise
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
+from robustjax.distributed import to_host
 from robustjax.evaluation.parallel import predict
 from robustjax.evaluation.plan import BASELINES, MetricsRun, Plan
 from robustjax.evaluation.progress import UNTRACKED, Step
@@ -211,7 +212,7 @@ def _real(mask: np.ndarray, *arrays):
     """The leading ``mask.sum()`` rows (the real examples; padding comes last) of each array,
     on the host: a device-sharded slice would split a few rows unevenly over the devices."""
     count = int(mask.sum())
-    return [None if a is None else np.asarray(a)[:count] for a in arrays]
+    return [None if a is None else to_host(a)[:count] for a in arrays]
 
 
 def _profile_bounds(run: MetricsRun, widths, classifier: Classifier, profile: ImageDataset, parallel, step: Step):
@@ -236,7 +237,7 @@ def _corruption_errors(run: MetricsRun, models: dict[str, Classifier], dataset: 
                 batch_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, c), severity), batch)
                 corrupted = noise.corrupt(x, corruption, severity, batch_key, preset=preset)
                 for name, model in models.items():
-                    wrong[name] += int((np.asarray(predict(model, corrupted)) != np.asarray(y))[mask].sum())
+                    wrong[name] += int((to_host(predict(model, corrupted)) != to_host(y))[mask].sum())
                 count += int(mask.sum())
             for name in models:
                 errors[name][c, s] = wrong[name] / count

@@ -15,13 +15,15 @@ from robustjax.data.dataset import ImageDataset
 
 
 class DataParallel:
-    """Pads batches to a fixed size and shards them over a mesh of the local devices (or of
-    ``devices``): ``network_shards`` x the rest, axes ("networks", "batch"). Examples split
-    over "batch"; a population's per-network leaves split over "networks" (its size must
-    then divide by ``network_shards``), so each device runs its networks on its examples."""
+    """Pads batches to a fixed size and shards them over a mesh of every device (of every
+    host in a multi-host run, ``robustjax.distributed``), or of ``devices``: ``network_shards``
+    x the rest, axes ("networks", "batch"). Examples split over "batch"; a population's
+    per-network leaves split over "networks" (its size must then divide by
+    ``network_shards``), so each device runs its networks on its examples. Every process
+    reads the same examples and places its own devices' shards."""
 
     def __init__(self, batch_size: int, devices: list | None = None, *, network_shards: int = 1):
-        devices = jax.local_devices() if devices is None else list(devices)
+        devices = jax.devices() if devices is None else list(devices)
         if isinstance(network_shards, bool) or not isinstance(network_shards, int) or network_shards < 1 \
                 or len(devices) % network_shards:
             raise ValueError(f"network_shards must be an integer >= 1 that divides the {len(devices)} devices, "

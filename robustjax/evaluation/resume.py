@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -218,13 +219,14 @@ class ItemStore:
 
     def load(self, name: str) -> Finished | None:
         """Item ``name`` as stored, or None when it is not (or cannot be read back whole)."""
-        path = self.folder / f"{name}.npz"
-        try:
-            with np.load(path, allow_pickle=False) as stored:
-                return Finished(json.loads(str(stored[SECTION_KEY])),
-                                {key: stored[key] for key in stored.files if key != SECTION_KEY})
-        except (OSError, ValueError, KeyError):  # not there, or unreadable: computed (again)
-            return None
+        return _read_item(self.folder / f"{name}.npz")
+
+    def snapshot(self) -> bytes:
+        """Every finished item's file, in one ``.npz`` (what :class:`ReplicaStore` reads)."""
+        buffer = io.BytesIO()
+        np.savez(buffer, allow_pickle=False, **{name: np.frombuffer((self.folder / f"{name}.npz").read_bytes(),
+                                                                    np.uint8) for name in self.names()})
+        return buffer.getvalue()
 
     def save(self, name: str, finished: Finished) -> None:
         if SECTION_KEY in finished.arrays:
@@ -233,6 +235,39 @@ class ItemStore:
         write_atomically(self.folder / f"{name}.npz",
                           lambda f: np.savez(f, allow_pickle=False, **{SECTION_KEY: np.array(text)},
                                                    **finished.arrays))
+
+
+class ReplicaStore(ItemStore):
+    """The main process's finished items, in the other processes of a multi-host run: read
+    back as the main process reads them, so that every process skips the same items; the
+    main process alone writes (``ItemStore.snapshot`` is what it shares)."""
+
+    def __init__(self, snapshot: bytes):
+        super().__init__(folder=None, lock=None)
+        with np.load(io.BytesIO(snapshot), allow_pickle=False) as files:
+            self._files = {name: files[name].tobytes() for name in files.files}
+
+    def close(self) -> None:
+        """Nothing: no folder is held."""
+
+    def names(self) -> list[str]:
+        return sorted(self._files)
+
+    def load(self, name: str) -> Finished | None:
+        return _read_item(io.BytesIO(self._files[name])) if name in self._files else None
+
+    def save(self, name: str, finished: Finished) -> None:
+        """Nothing: the main process keeps the item."""
+
+
+def _read_item(file) -> Finished | None:
+    """A stored item (a path or a file object), or None when it cannot be read back whole."""
+    try:
+        with np.load(file, allow_pickle=False) as stored:
+            return Finished(json.loads(str(stored[SECTION_KEY])),
+                            {key: stored[key] for key in stored.files if key != SECTION_KEY})
+    except (OSError, ValueError, KeyError):  # not there, or unreadable: computed (again)
+        return None
 
 
 def run_item(store: ItemStore | None, name: str, compute: Callable[[], Finished]) -> Finished:

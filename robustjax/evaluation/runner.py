@@ -33,6 +33,7 @@ from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.data.shift import ShiftSet
+from robustjax.distributed import to_host
 from robustjax.evaluation import metric_suite, natural_shift, progress, sanity
 from robustjax.evaluation.items import jpeg_bytes
 from robustjax.evaluation.parallel import DataParallel
@@ -88,9 +89,9 @@ def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, par
     with timed() as timing:
         for x, y, mask in step.track(parallel.batches(dataset, plan.num_examples)):
             top, prediction, batch_finite = _confidence_and_prediction(classifier, x)
-            correct.append((np.asarray(prediction) == np.asarray(y))[mask])
-            confidence.append(np.asarray(top)[mask])
-            finite.append(np.asarray(batch_finite)[mask])
+            correct.append((to_host(prediction) == to_host(y))[mask])
+            confidence.append(to_host(top)[mask])
+            finite.append(to_host(batch_finite)[mask])
     correct, confidence, finite = np.concatenate(correct), np.concatenate(confidence), np.concatenate(finite)
     if not finite.all():
         bad = np.flatnonzero(~finite)
@@ -147,7 +148,7 @@ def attack_sections(
     with timed() as timing:
         for mask, values in _attack_batches(run, classifier, dataset, plan, parallel, step):
             for name, value in values.items():
-                columns.setdefault(name, []).append(np.asarray(value)[:, mask])
+                columns.setdefault(name, []).append(to_host(value)[:, mask])
     columns = {name: np.concatenate(parts, axis=1) for name, parts in columns.items()}
     adversarial_correct = ~columns["success"]  # (epsilons, examples)
     # RobustART's counts: correct clean and under each epsilon's attack.
@@ -213,8 +214,8 @@ def _corruption_item(name: str, index: int, preset: str, run: CorruptionRun, cla
         for severity in run.severities:
             key = jax.random.fold_in(jax.random.fold_in(seed_key, index), severity)
             correct = [
-                (np.asarray(_predict_corrupted(name, severity, preset, classifier, x,
-                                               jax.random.fold_in(key, batch))) == np.asarray(y))[mask]
+                (to_host(_predict_corrupted(name, severity, preset, classifier, x,
+                                            jax.random.fold_in(key, batch))) == to_host(y))[mask]
                 for batch, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples)))
             ]
             accuracies.append(float(np.concatenate(correct).mean()))
@@ -304,8 +305,8 @@ def _sequence_item(name: str, index: int, preset: str, run: SequenceRun, classif
             key = jax.random.fold_in(jax.random.fold_in(seed_key, index), batch)
             out = noise.evaluate_sequences(classifier, x, name, key, length=run.length,
                                            difficulty=run.difficulty, preset=preset)
-            flips.append(np.asarray(out["flip_rate_per_sequence"])[mask])
-            top5.append(np.asarray(out["top5_distance_per_sequence"])[mask])
+            flips.append(to_host(out["flip_rate_per_sequence"])[mask])
+            top5.append(to_host(out["top5_distance_per_sequence"])[mask])
     result = {"name": name, "family": noise.sequences.FAMILY[name],
               "flip_probability": float(np.concatenate(flips).mean()),
               "top5_distance": float(np.concatenate(top5).mean())}

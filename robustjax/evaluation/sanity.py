@@ -31,6 +31,7 @@ from robustjax.attacks.decision import DecisionAttack
 from robustjax.attacks.score import ScoreAttack, looks_like_probabilities
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
+from robustjax.distributed import to_host
 from robustjax.evaluation.parallel import DataParallel, predict
 from robustjax.evaluation.plan import Plan, SanityRun
 from robustjax.evaluation.progress import UNTRACKED, Step
@@ -382,9 +383,9 @@ def correct_examples(classifier: Classifier, dataset: ImageDataset, plan: Plan,
     """The first ``plan.sanity.num_examples`` examples the classifier gets right."""
     images, labels, found = [], [], 0
     for x, y, mask in parallel.batches(dataset, plan.num_examples):
-        keep = mask & (np.asarray(predict(classifier, x)) == np.asarray(y))
-        images.append(np.asarray(x)[keep])
-        labels.append(np.asarray(y)[keep])
+        keep = mask & (to_host(predict(classifier, x)) == to_host(y))
+        images.append(to_host(x)[keep])
+        labels.append(to_host(y)[keep])
         found += int(keep.sum())
         if found >= plan.sanity.num_examples:
             break
@@ -420,16 +421,16 @@ class Probe:
     def outputs_and_margin_gradients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Computed once, for both the gradient and the probability checks."""
         n = len(self.y)
-        return tuple(np.asarray(a)[:n] for a in _outputs_and_margin_gradients(self.classifier, *self.on_mesh(self.x, self.y)))
+        return tuple(to_host(a)[:n] for a in _outputs_and_margin_gradients(self.classifier, *self.on_mesh(self.x, self.y)))
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(_logits(self.classifier, self.on_mesh(x)[0]))[:len(x)]
+        return to_host(_logits(self.classifier, self.on_mesh(x)[0]))[:len(x)]
 
 
 def _probe_unbounded_pgd(probe: Probe) -> dict:
     attack = attacks.PGD(eps=1.0, norm="linf", steps=probe.settings.steps, random_start=False)
     success = attack(probe.classifier, *probe.on_mesh(probe.x, probe.y), key=probe.key).success
-    return unbounded_pgd(np.asarray(success)[:len(probe.y)], probe.settings.steps)
+    return unbounded_pgd(to_host(success)[:len(probe.y)], probe.settings.steps)
 
 
 def _probe_input_gradients(probe: Probe) -> dict:
@@ -447,7 +448,7 @@ def _probe_restarts(probe: Probe) -> dict:
     tiled = probe.on_mesh(np.tile(probe.x, (restarts, 1, 1, 1)), np.tile(probe.y, restarts))
     success = attacks.PGD(eps=probe.eps, norm="linf", steps=probe.settings.steps)(
         probe.classifier, *tiled, key=probe.key).success
-    return restarts_converged(np.asarray(success)[:restarts * n].reshape(restarts, n), probe.eps,
+    return restarts_converged(to_host(success)[:restarts * n].reshape(restarts, n), probe.eps,
                               probe.settings.steps)
 
 
@@ -461,7 +462,7 @@ def _probe_determinism(probe: Probe) -> dict:
 def _probe_landscape(probe: Probe) -> dict:
     sizes = np.linspace(0.0, probe.eps, probe.settings.grid + 1, dtype=np.float32)
     x, y = probe.on_mesh(probe.x, probe.y)
-    loss = np.asarray(_loss_along_gradient_sign(probe.classifier, x, y, jnp.asarray(sizes)))[:, :len(probe.y)]
+    loss = to_host(_loss_along_gradient_sign(probe.classifier, x, y, jnp.asarray(sizes)))[:, :len(probe.y)]
     return loss_landscape(loss, sizes)
 
 

@@ -203,7 +203,8 @@ def _corruptions(report: dict, gallery) -> str:
     rows = [[escape(c["name"]), escape(c["family"]), percent(c["mean_error"]), percent(c.get("ce")), percent(c.get("relative_ce"))]
             for c in section.get("per_corruption", [])]
     if rows:
-        parts.append(table(["corruption", "family", "mean error", f"CE (vs {escape(baseline)})", "relative CE"], rows,
+        ce = "CE" if baseline is None else f"CE (vs {escape(baseline)})"
+        parts.append(table(["corruption", "family", "mean error", ce, "relative CE"], rows,
                             numeric={2, 3, 4}))
     if section.get("mean_error") is not None:
         parts.append(f"<p>Mean error {percent(section['mean_error'])}; mCE {percent(section.get('mce'))}, relative mCE "
