@@ -59,7 +59,21 @@ def full_report() -> dict:
             "sequences": {"names": names, "difficulty": 1, "length": None, "preset": None, "batch_size": 16},
             "system_noise": {"decoders": ["pil", "opencv"], "resizes": ["bilinear", "nearest"], "quality": 95},
             "metrics": {"reference": "digits_mlp"},
-            "sanity": {"enabled": True, "num_examples": 32, "steps": 10, "restarts": 4, "eps": None, "grid": 8}}
+            "sanity": {"enabled": True, "num_examples": 32, "steps": 10, "restarts": 4, "eps": None, "grid": 8},
+            "natural_shift": {"datasets": ["imagenet-a", "cifar10-c"], "ood": ["folder:/ood"], "data_dir": None,
+                              "corruptions": names, "severities": [1, 2], "num_examples": None, "image_size": None}}
+    calibration = {"rms_calibration_error": 0.1, "expected_calibration_error": 0.08, "aurra": 0.7}
+    shift_entries = [
+        {"name": "imagenet-a", "kind": "classification", "source": "tfds:imagenet_a/test", "num_examples": 7500,
+         "num_classes": 200, "accuracy": 0.03, "calibration": calibration, "timing": TIMING},
+        {"name": "cifar10-c", "kind": "corruptions", "source": "/data/CIFAR-10-C", "num_examples": 10000,
+         "num_classes": 10, "results": [{"name": n, "family": "noise", "severity": s, "accuracy": 0.8, "error": 0.2}
+                                        for n in names for s in (1, 2)],
+         "mean_accuracy": 0.8, "per_corruption": [{"name": n, "family": "noise", "mean_error": 0.2} for n in names],
+         "mean_error": 0.2, "mce": None, "relative_mce": None, "calibration": calibration, "timing": TIMING},
+        {"name": "folder:/ood", "kind": "ood", "source": "/ood", "in_distribution": "digits/test", "num_ood": 50,
+         "num_in_distribution": 64, "num_classes": 10, "auroc": 0.8, "aupr": 0.7, "fpr_at_95_tpr": 0.4,
+         "timing": TIMING}]
     attacks = [_attack("fgsm", {"eps": 0.05, "restarts": 1}, 0.9), _attack("fgsm", {"eps": 0.1, "restarts": 1}, 0.7),
                _attack("pgd", {"eps": 0.05, "norm": "linf", "steps": 10, "restarts": 1}, 0.8),
                _attack("pgd", {"eps": 0.1, "norm": "linf", "steps": 10, "restarts": 1}, 0.4),
@@ -112,6 +126,8 @@ def full_report() -> dict:
                     "results": metrics, "timing": TIMING},
         "sanity": {"status": "ok", "settings": {"enabled": True, "eps": 0.1}, "num_examples": 32, "num_warnings": 1,
                    "checks": checks, "timing": TIMING},
+        "natural_shift": {"status": "ok", "settings": plan["natural_shift"], "results": shift_entries, "failed": [],
+                          "timing": {"wall_s": 1.0, "compile_s": 0.5}},
     }
 
 
@@ -124,7 +140,7 @@ def interrupted_report() -> dict:
     report["corruptions"] |= {"status": "running", "results": report["corruptions"]["results"][:5]}
     for part in ("per_corruption", "mean_error", "mean_error_by_family", "mce", "relative_mce", "timing"):
         del report["corruptions"][part]
-    report.update(sequences=None, system_noise=None, metrics=None, sanity=None)
+    report.update(sequences=None, system_noise=None, metrics=None, sanity=None, natural_shift=None)
     return report
 
 
@@ -160,6 +176,7 @@ def test_every_section_is_rendered_from_a_full_report():
     for part in ("attacks", "corruptions", "sequences", "system_noise", "calibration"):
         assert parts[part].count("<svg") == 1, part
     assert "mCE 50.0%" in parts["corruptions"] and "CE (vs alexnet)" in parts["corruptions"]
+    assert parts["natural_shift"].count("<svg") == 2 and "FPR at 95% TPR" in parts["natural_shift"]
     for group, names in GROUPS:
         assert f"<h3>{group}</h3>" in parts["metrics"]
         assert all(f"<td>{escape(name)}</td>" in parts["metrics"] for name in names)
@@ -303,7 +320,7 @@ def test_the_page_renders_in_a_headless_browser(which, tmp_path):
     assert probe["errors"] == []
     assert [id_ for id_, _ in probe["headings"]] == list(html.SECTIONS)
     assert [title for _, title in probe["headings"]] == list(html.SECTIONS.values())
-    expected = {"full": 5 + 3 * 4, "interrupted": 3}[which]  # figures, and the gallery's images
+    expected = {"full": 7 + 3 * 4, "interrupted": 3}[which]  # figures (natural shift: 2), and the gallery's images
     assert len(probe["figures"]) == expected
     assert all(f["width"] > 0 and f["height"] > 0 and f["decoded"] for f in probe["figures"]), probe["figures"]
     screenshot = tmp_path / f"report-{which}.png"

@@ -12,8 +12,12 @@ from robustjax.evaluation import Plan, load_plan
 
 
 def with_options(plan: Plan, args: argparse.Namespace) -> Plan:
-    """``plan`` with the command line's ``--num-examples`` and ``--precision`` where given."""
+    """``plan`` with the command line's ``--num-examples`` and ``--precision`` where given, and
+    ``--image-size`` as the size its ``[natural_shift]`` sets resize to unless the plan names one."""
     options = {"num_examples": args.num_examples, "precision": args.precision}
+    image_size = getattr(args, "image_size", None)
+    if plan.natural_shift is not None and plan.natural_shift.image_size is None and image_size is not None:
+        options["natural_shift"] = dataclasses.replace(plan.natural_shift, image_size=image_size)
     return dataclasses.replace(plan, **{key: value for key, value in options.items() if value is not None})
 
 
@@ -27,7 +31,7 @@ def cmd_plan_check(args: argparse.Namespace, console: Console) -> int:
     plan = load_plan(args.file)
     attacks = sorted({run.attack.name for run in plan.runs})
     parts = [f"{plan.num_attack_entries} attack entries ({', '.join(attacks) or 'none'})"]
-    for section in ("corruptions", "sequences", "system_noise", "metrics"):
+    for section in ("corruptions", "sequences", "system_noise", "metrics", "natural_shift"):
         if getattr(plan, section) is not None:
             parts.append(section.replace("_", " "))
     parts.append("sanity checks" if plan.sanity.enabled else "no sanity checks")

@@ -1,9 +1,11 @@
-"""Labelled image sets yielding float32 NHWC images in [0, 1] and int32 labels."""
+"""Labelled image sets yielding float32 NHWC images in [0, 1] and int32 labels; ``shift``
+reads the released natural-shift sets (ImageNet-A, -R, -O, -C, CIFAR-10-C) by name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from robustjax.data import shift
 from robustjax.data.dataset import ImageDataset, check_channels, from_arrays, with_num_classes
 from robustjax.data.digits import digits
 from robustjax.data.files import from_folder, from_npz
@@ -11,7 +13,7 @@ from robustjax.data.tfds import from_tfds
 
 DEFAULT_DATASET = "digits"
 
-__all__ = ["ImageDataset", "digits", "from_arrays", "from_folder", "from_npz", "from_tfds", "load"]
+__all__ = ["ImageDataset", "digits", "from_arrays", "from_folder", "from_npz", "from_tfds", "load", "shift"]
 
 
 def load(spec: str = DEFAULT_DATASET, split: str = "test", *, image_size: int | None = None,

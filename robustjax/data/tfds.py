@@ -47,15 +47,15 @@ def from_tfds(
                 f"tfds dataset {name!r} has no {kind.__name__} feature {key!r}; its features are {list(features)}"
             )
     image_feature, label_feature = features[image_key], features[label_key]
+    try:
+        source = builder.as_data_source(split=split)
+    except Exception as error:  # tfds raises several types for a missing or unprepared split
+        raise ValueError(_unreadable(builder, name, split, error)) from None
     shape = tuple(image_feature.shape)
     if image_size is None and None in shape[:2]:
         raise ValueError(f"tfds dataset {name!r} has images of varying size {shape}; pass image_size")
     stored = shape[-1] or 3
     channels = channels or stored
-    try:
-        source = builder.as_data_source(split=split)
-    except Exception as error:  # tfds raises several types for a missing or unprepared split
-        raise ValueError(_unreadable(builder, name, split, error)) from None
 
     def read(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         examples = [source[int(i)] for i in indices]

@@ -30,6 +30,7 @@ from robustjax import metrics, noise
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.data.shift import ShiftSet, image_files_folder, load_shift
+from robustjax.distributed import to_host
 from robustjax.evaluation import progress
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import NaturalShiftRun, Plan
@@ -40,12 +41,12 @@ from robustjax.evaluation.timing import Timing, timed
 TPR = 0.95
 
 
-def load_sets(run: NaturalShiftRun, classifier: Classifier, *, image_size: int | None = None) -> list[ShiftSet]:
-    """Opens every set of ``run`` for ``classifier`` (images converted to its channels) and
-    checks, before any work, that the model can be evaluated on each: a set that is not there
+def load_sets(run: NaturalShiftRun, classifier: Classifier) -> list[ShiftSet]:
+    """Opens every set of ``run`` for ``classifier`` (images converted to its channels, those of
+    varying size resized to ``run.image_size``) and checks, before any work, that the model can be evaluated on each: a set that is not there
     names the folder or the tfds command it needs; a model of other classes or input shape is
     refused with the reason."""
-    channels = classifier.input_shape[-1]
+    channels, image_size = classifier.input_shape[-1], run.image_size
     sets = [load_shift(name, data_dir=run.data_dir, image_size=image_size, channels=channels,
                        corruptions=run.corruptions, severities=run.severities) for name in run.datasets]
     for spec in run.ood:
@@ -87,12 +88,12 @@ def _predictions(classifier: Classifier, dataset: ImageDataset, subset, limit: i
     subset = None if subset is None else np.asarray(subset, np.int32)
     confidence, prediction, labels = [], [], []
     for x, y, mask in step.track(parallel.batches(dataset, limit)):
-        top, predicted, finite = (np.asarray(a) for a in _outputs(classifier, x, subset))
+        top, predicted, finite = (to_host(a) for a in _outputs(classifier, x, subset))
         if not finite[mask].all():
             raise ValueError(f"model {classifier.name!r} returns NaN or infinite logits on {dataset.name!r}")
         confidence.append(top[mask])
         prediction.append(predicted[mask])
-        labels.append(np.asarray(y)[mask])
+        labels.append(to_host(y)[mask])
     return np.concatenate(confidence), np.concatenate(prediction), np.concatenate(labels)
 
 

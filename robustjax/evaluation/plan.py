@@ -46,6 +46,8 @@ A plan file is TOML or JSON::
     corruptions = "imagenet-c"  # of ImageNet-C / CIFAR-10-C: the 15, "all" (19) or a list
     severities = [1, 2, 3, 4, 5]
     num_examples = 1000       # optional: the first N examples of each set (default: the plan's)
+    image_size = 224          # optional: resize and centre-crop images of varying size (ImageNet-A,
+                              # -R, -O, folders); robustjax evaluate --image-size sets it
 
     [sanity]                  # optional: checks against gradient masking (evaluation.sanity)
     enabled = true            # default: every evaluation runs them
@@ -78,7 +80,7 @@ PLAN_KEYS = {"batch_size", "num_examples", "seed", "precision", "attacks", "corr
 CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
 SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
 SYSTEM_NOISE_KEYS = {"decoders", "resizes", "quality"}
-NATURAL_SHIFT_KEYS = {"datasets", "ood", "data_dir", "corruptions", "severities", "num_examples"}
+NATURAL_SHIFT_KEYS = {"datasets", "ood", "data_dir", "corruptions", "severities", "num_examples", "image_size"}
 # Named sets of corruptions: the 15 of the ImageNet-C benchmark, or all 19.
 CORRUPTION_SETS = {"imagenet-c": ("noise", "blur", "weather", "digital"), "all": noise.FAMILIES}
 BASELINES = {"alexnet": ALEXNET_IMAGENET_C_ERRORS}
@@ -227,7 +229,8 @@ class SanityRun:
 class NaturalShiftRun:
     """Released natural-shift sets (``data.SHIFT_DATASETS``) and out-of-distribution folders
     (``"folder:PATH"``), read from ``data_dir``; ``corruptions`` x ``severities`` of ImageNet-C and
-    CIFAR-10-C; the first ``num_examples`` of each set (None: the plan's ``num_examples``)."""
+    CIFAR-10-C; the first ``num_examples`` of each set (None: the plan's ``num_examples``);
+    ``image_size`` resizes and centre-crops images of varying size (None: they must share one)."""
 
     datasets: tuple[str, ...] = ()
     ood: tuple[str, ...] = ()
@@ -235,6 +238,7 @@ class NaturalShiftRun:
     corruptions: tuple[str, ...] = ()
     severities: tuple[int, ...] = noise.SEVERITIES
     num_examples: int | None = None
+    image_size: int | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self) | {key: list(getattr(self, key))
@@ -486,11 +490,12 @@ def _natural_shift_run(raw) -> NaturalShiftRun:
     data_dir = raw.get("data_dir")
     if data_dir is not None and not isinstance(data_dir, str):
         raise ValueError(f"plan: natural_shift.data_dir must be a path string, got {data_dir!r}")
-    num_examples = raw.get("num_examples")
-    if num_examples is not None:
-        check_positive_int(num_examples, "plan: natural_shift.num_examples")
+    num_examples, image_size = raw.get("num_examples"), raw.get("image_size")
+    for key, value in (("num_examples", num_examples), ("image_size", image_size)):
+        if value is not None:
+            check_positive_int(value, f"plan: natural_shift.{key}")
     names, severities, _ = _corruption_settings(raw, "natural_shift", "corruptions")
-    return NaturalShiftRun(tuple(datasets), tuple(ood), data_dir, names, severities, num_examples)
+    return NaturalShiftRun(tuple(datasets), tuple(ood), data_dir, names, severities, num_examples, image_size)
 
 
 def plan_from_dict(raw: dict) -> Plan:

@@ -456,8 +456,8 @@ def evaluate(
     that need either are reported as skipped without it. Items found in ``store`` (opened
     with this run's ``resume.fingerprint``) are reused, and every item that finishes is
     stored there. ``on_step`` follows each item's progress (``evaluation.progress``).
-    ``shift_sets`` are the plan's ``[natural_shift]`` sets (``natural_shift.load_sets``, which
-    resizes with its ``image_size``); None opens them here, images as stored.
+    ``shift_sets`` are the plan's ``[natural_shift]`` sets (``natural_shift.load_sets``); None
+    opens them here, before any work.
     """
     if tuple(dataset.image_shape) != tuple(classifier.input_shape):
         raise ValueError(

@@ -19,6 +19,7 @@ SECTIONS = {
     "corruptions": "Corruptions",
     "sequences": "Perturbation sequences (ImageNet-P)",
     "system_noise": "System noise",
+    "natural_shift": "Natural distribution shift",
     "metrics": "The 23 metrics (arXiv 2101.09617)",
     "calibration": "Calibration",
     "sanity": "Checks against gradient masking",
@@ -28,7 +29,7 @@ SECTIONS = {
 FILE = "report.html"
 ENDED = {"interrupted": "was interrupted", "killed": "was killed", "failed": "failed"}
 ARROWS = {"higher": "&uarr;&nbsp;higher", "lower": "&darr;&nbsp;lower"}
-PLANNED = ("attacks", "corruptions", "sequences", "system_noise", "metrics", "sanity")  # sections a plan may leave out
+PLANNED = ("attacks", "corruptions", "sequences", "system_noise", "natural_shift", "metrics", "sanity")  # a plan may leave out
 
 
 def _json(value) -> str:
@@ -250,6 +251,54 @@ def _system_noise(report: dict, gallery) -> str:
                    f"{number(section['negative_std'])}, higher is more robust).")
 
 
+def _natural_shift(report: dict, gallery) -> str:
+    section = report["natural_shift"]
+    parts = [_partial(report, section)]
+    results = section["results"]
+    accuracies = [(e["name"], e["accuracy"] if e["kind"] == "classification" else e["mean_accuracy"])
+                  for e in results if e["kind"] != "ood"]
+    if accuracies:
+        parts.append(figure(plots.bars([name for name, _ in accuracies], [value for _, value in accuracies],
+                                        xlabel="accuracy", name="natural-shift-accuracy"),
+                             "Top-1 accuracy per released set: on ImageNet-A and -R with the logits masked to the "
+                             "set's 200 classes; on ImageNet-C and CIFAR-10-C the mean over corruptions and "
+                             "severities."))
+    rows = [[escape(e["name"]), f"{e['num_examples']:,}", str(e["num_classes"]),
+             percent(e["accuracy"] if e["kind"] == "classification" else e["mean_accuracy"]),
+             number(e["calibration"]["rms_calibration_error"]), number(e["calibration"]["expected_calibration_error"]),
+             number(e["calibration"]["aurra"]), f"{e['timing']['wall_s']:.1f}"] for e in results if e["kind"] != "ood"]
+    if rows:
+        parts.append(table(["dataset", "examples", "classes", "accuracy", "RMS calibration error", "ECE", "AURRA",
+                            "time (s)"], rows, numeric={1, 2, 3, 4, 5, 6, 7}))
+    ood = [[escape(e["name"]), escape(e["in_distribution"]), f"{e['num_ood']:,}", f"{e['num_in_distribution']:,}",
+            percent(e["auroc"]), percent(e["aupr"]), percent(e["fpr_at_95_tpr"])] for e in results if e["kind"] == "ood"]
+    if ood:
+        parts.append(table(["out-of-distribution set", "in-distribution", "OOD images", "in-distribution images",
+                            "AUROC", "AUPR", "FPR at 95% TPR"], ood, numeric={2, 3, 4, 5, 6}))
+        parts.append("<p>OOD detection with the out-of-distribution images as the positive class and the anomaly "
+                     "score minus the maximum softmax probability (over ImageNet-O's 200 classes for ImageNet-O); "
+                     "AUROC and AUPR higher, FPR lower is better.</p>")
+    for entry in (e for e in results if e["kind"] == "corruptions"):
+        names = list(dict.fromkeys(r["name"] for r in entry["results"]))
+        severities = sorted({r["severity"] for r in entry["results"]})
+        grid = np.full((len(names), len(severities)), np.nan)
+        for r in entry["results"]:
+            grid[names.index(r["name"]), severities.index(r["severity"])] = r["accuracy"]
+        parts.append(f"<h3>{escape(entry['name'])}</h3>")
+        parts.append(figure(plots.heatmap(grid, names, [str(s) for s in severities], xlabel="severity",
+                                           ylabel="corruption", colorbar="accuracy", name=f"shift-{entry['name']}"),
+                             f"Top-1 accuracy (%) per corruption and severity on the released {escape(entry['name'])} "
+                             f"({entry['num_examples']:,} images each, from {escape(entry['source'])})."))
+        parts.append(table(["corruption", "family", "mean error", "CE (vs AlexNet)", "relative CE"],
+                            [[escape(c["name"]), escape(c["family"]), percent(c["mean_error"]), percent(c.get("ce")),
+                              percent(c.get("relative_ce"))] for c in entry["per_corruption"]], numeric={2, 3, 4}))
+        parts.append(f"<p>Mean error {percent(entry['mean_error'])}; mCE {percent(entry.get('mce'))}, relative mCE "
+                     f"{percent(entry.get('relative_mce'))} ('-': AlexNet's errors exist for ImageNet-C's 15 "
+                     "benchmark corruptions only, and mCE needs all 15 at severities 1-5).</p>")
+    parts += [f"<p class=error>{escape(f['name'])} failed: {escape(f['error'])}</p>" for f in section.get("failed", [])]
+    return "".join(parts)
+
+
 def _metrics(report: dict, gallery) -> str:
     section = report["metrics"]
     if (failed := _failed(section)) is not None:
@@ -344,7 +393,7 @@ def _reproduce(report: dict, gallery) -> str:
 
 RENDERERS: dict[str, Callable[[dict, Mapping | None], str]] = {
     "summary": _summary, "attacks": _attacks, "corruptions": _corruptions, "sequences": _sequences,
-    "system_noise": _system_noise, "metrics": _metrics, "calibration": _calibration, "sanity": _sanity,
+    "system_noise": _system_noise, "natural_shift": _natural_shift, "metrics": _metrics, "calibration": _calibration, "sanity": _sanity,
     "gallery": _gallery, "reproduce": _reproduce,
 }
 

@@ -149,7 +149,45 @@ def sanity_table(report: dict) -> Table | Text | None:
     return table
 
 
-TABLES = {"attacks": attack_table, "noise": noise_table, "metrics": metrics_table, "sanity": sanity_table}
+def natural_shift_table(report: dict) -> Table | None:
+    """One row per released natural-shift set: masked accuracy and calibration (ImageNet-A,
+    -R), OOD detection (ImageNet-O, folders), mean accuracy and mCE (ImageNet-C, CIFAR-10-C);
+    None when the report has no natural_shift section."""
+    section = report.get("natural_shift")
+    if section is None:
+        return None
+    table = Table(title="natural distribution shift", box=box.SIMPLE_HEAD,
+                  caption="accuracy on the set's classes (logits masked to them); RMS / ECE: calibration error, "
+                  "lower is better; OOD: AUROC / AUPR (OOD positive, score -max softmax), higher is better; "
+                  "time: seconds, of which compiling")
+    for column, justify in (("dataset", "left"), ("examples", "right"), ("result", "right"), ("calibration", "right"),
+                            ("time", "right")):
+        table.add_column(column, justify=justify, ratio=1 if column == "dataset" else None, no_wrap=column != "dataset")
+    for entry in section["results"]:
+        calibration = entry.get("calibration")
+        calibrated = "" if calibration is None else (f"RMS {_number(calibration['rms_calibration_error'])} "
+                                                     f"ECE {_number(calibration['expected_calibration_error'])}")
+        if entry["kind"] == "ood":
+            result = f"AUROC {_percent(entry['auroc'])} AUPR {_percent(entry['aupr'])}"
+            label, count = f"{entry['name']}: OOD vs {entry['in_distribution']}", f"{entry['num_ood']} / " \
+                f"{entry['num_in_distribution']}"
+        elif entry["kind"] == "corruptions":
+            mce = "" if entry.get("mce") is None else f", mCE {_percent(entry['mce'])}"
+            result = f"accuracy {_percent(entry['mean_accuracy'])}{mce}"
+            label = f"{entry['name']}: {len(entry['per_corruption'])} corruptions x " \
+                f"{len({r['severity'] for r in entry['results']})} severities"
+            count = f"{entry['num_examples']} each"
+        else:
+            result, label, count = (f"accuracy {_percent(entry['accuracy'])}",
+                                    f"{entry['name']} ({entry['num_classes']} classes)", str(entry["num_examples"]))
+        table.add_row(label, count, result, calibrated, _seconds(entry["timing"]))
+    for failure in section["failed"]:
+        table.add_row(f"{failure['name']}: failed ({failure['error']})", "", "", "", "")
+    return table
+
+
+TABLES = {"attacks": attack_table, "noise": noise_table, "metrics": metrics_table, "sanity": sanity_table,
+          "natural_shift": natural_shift_table}
 
 
 def finished_sections(report: dict) -> list[str]:
@@ -164,5 +202,5 @@ def finished_sections(report: dict) -> list[str]:
     planned_noise = [part for part in NOISE_PARTS if report["plan"].get(part) is not None]
     if planned_noise and all(final(part) for part in planned_noise):
         finished.append("noise")
-    finished.extend(part for part in ("metrics", "sanity") if final(part))
+    finished.extend(part for part in ("metrics", "sanity", "natural_shift") if final(part))
     return finished
