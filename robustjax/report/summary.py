@@ -158,15 +158,14 @@ def natural_shift_table(report: dict) -> Table | None:
         return None
     table = Table(title="natural distribution shift", box=box.SIMPLE_HEAD,
                   caption="accuracy on the set's classes (logits masked to them); RMS / ECE: calibration error, "
-                  "lower is better; OOD: AUROC / AUPR (OOD positive, score -max softmax), higher is better; "
-                  "time: seconds, of which compiling")
-    for column, justify in (("dataset", "left"), ("examples", "right"), ("result", "right"), ("calibration", "right"),
-                            ("time", "right")):
-        table.add_column(column, justify=justify, ratio=1 if column == "dataset" else None, no_wrap=column != "dataset")
+                  "lower is better; OOD: AUROC / AUPR (OOD positive, score -max softmax), higher is better")
+    table.add_column("dataset", ratio=1, min_width=18)
+    for column in ("images", "result", "RMS / ECE", "time (s)"):
+        table.add_column(column, justify="right", no_wrap=column in ("images", "time (s)"))
     for entry in section["results"]:
         calibration = entry.get("calibration")
-        calibrated = "" if calibration is None else (f"RMS {_number(calibration['rms_calibration_error'])} "
-                                                     f"ECE {_number(calibration['expected_calibration_error'])}")
+        calibrated = "" if calibration is None else (f"{_number(calibration['rms_calibration_error'], 2)} / "
+                                                     f"{_number(calibration['expected_calibration_error'], 2)}")
         if entry["kind"] == "ood":
             result = f"AUROC {_percent(entry['auroc'])} AUPR {_percent(entry['aupr'])}"
             label, count = f"{entry['name']}: OOD vs {entry['in_distribution']}", f"{entry['num_ood']} / " \
@@ -180,7 +179,7 @@ def natural_shift_table(report: dict) -> Table | None:
         else:
             result, label, count = (f"accuracy {_percent(entry['accuracy'])}",
                                     f"{entry['name']} ({entry['num_classes']} classes)", str(entry["num_examples"]))
-        table.add_row(label, count, result, calibrated, _seconds(entry["timing"]))
+        table.add_row(label, count, result, calibrated, f"{entry['timing']['wall_s']:.1f}")
     for failure in section["failed"]:
         table.add_row(f"{failure['name']}: failed ({failure['error']})", "", "", "", "")
     return table
