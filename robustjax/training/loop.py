@@ -99,9 +99,9 @@ def train(classifier: Classifier, dataset: ImageDataset, out: str | Path, recipe
     model = TrainModel.from_classifier(classifier, dropout="dropout" in techniques)
     num_examples = dataset.num_examples
     total = recipe.total_steps(num_examples)
-    optimizer = recipe.make_optimizer(num_examples)
     schedule = recipe.schedule(num_examples)
-    step_fn = make_step(model, optimizer, recipe, techniques, attack_eps=attack_eps, attack_steps=attack_steps)
+    optimizer, step_fn = make_step(model, recipe, techniques, num_examples, attack_eps=attack_eps,
+                                   attack_steps=attack_steps)
     batch_sharding, replicated = _mesh_shardings(devices)
     state = jax.device_put(init_state(model, optimizer, recipe), replicated)
     meta = json.loads(json.dumps({"model": classifier.name, "dataset": dataset.name, "num_examples": num_examples,

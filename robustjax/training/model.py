@@ -37,7 +37,10 @@ def _unwrap(apply_fn) -> tuple[Any, Callable[[jax.Array], jax.Array], Callable]:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TrainModel:
-    """How to run a trainable classifier in each mode (its weights live in the training state)."""
+    """How to run a trainable classifier in each mode (its weights live in the training state).
+
+    Equal for classifiers of one architecture, whatever their weights, so the training step
+    of an architecture and settings compiles once per process."""
 
     classifier: Classifier  # eval form, initial weights
     train_graphdef: Any
@@ -57,6 +60,17 @@ class TrainModel:
         train = nnx.view(module, deterministic=not dropout, use_running_average=False, raise_if_not_found=False)
         attack = nnx.view(module, deterministic=True, use_running_average=False, raise_if_not_found=False)
         return cls(classifier, nnx.graphdef(train), nnx.graphdef(attack), prepare, wrap, has_dropout, dropout)
+
+    def _key(self) -> tuple:
+        c = self.classifier
+        return (self.train_graphdef, self.attack_graphdef, self.dropout, c.apply_fn, c.num_classes, c.input_shape,
+                c.mean, c.std)
+
+    def __eq__(self, other) -> bool:  # the weights are not part of the identity: one compile per architecture
+        return isinstance(other, TrainModel) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def split(self, state: State) -> tuple[State, State, State]:
         """``(params, batch_stats, other)`` of a classifier's state."""

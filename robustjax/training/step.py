@@ -9,6 +9,7 @@ the run was interrupted before it or not.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -126,9 +127,13 @@ def ema_update(ema, new, decay: float):
     return jax.tree.map(lambda e, n: decay * e + (1 - decay) * n, ema, new)
 
 
-def make_step(model: TrainModel, optimizer: optax.GradientTransformation, recipe: Recipe,
-              techniques: Techniques, *, attack_eps: float | None = None, attack_steps: int | None = None):
-    """The jitted ``step(state, x, y) -> (state, metrics)`` for ``x`` in [0, 1]."""
+@functools.cache
+def make_step(model: TrainModel, recipe: Recipe, techniques: Techniques, num_examples: int, *,
+              attack_eps: float | None = None, attack_steps: int | None = None):
+    """The optimizer of ``recipe`` and the jitted ``step(state, x, y, seed_key) -> (state,
+    metrics)`` for ``x`` in [0, 1] (cached: runs of one architecture and settings in a
+    process share the compiled step)."""
+    optimizer = recipe.make_optimizer(num_examples)
     clf0 = model.classifier
     k = clf0.num_classes
     adversarial = techniques.adversarial
@@ -182,7 +187,7 @@ def make_step(model: TrainModel, optimizer: optax.GradientTransformation, recipe
         metrics = {"loss": loss, "accuracy": jnp.mean(jnp.argmax(logits, -1) == y)}
         return TrainState(state.step + 1, params, stats, state.other, opt_state, ema), metrics
 
-    return step
+    return optimizer, step
 
 
 def trained_state(model: TrainModel, state: TrainState, *, ema: bool = True):
