@@ -78,13 +78,13 @@ def seconds_per_call(call: Callable[[], object], repeats: int) -> tuple[float, f
     return first, statistics.median(times)
 
 
-def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
-    """The machine's practical float32 peak: the best GFLOP/s of a jitted ``size``-square
-    matrix product on the default device (XLA's most efficient kernel; small convolutions
-    reach a fraction of it)."""
+def matmul_peak_gflops(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
+    """The machine's practical float32 (or ``dtype``) peak: the best GFLOP/s of a jitted
+    ``size``-square matrix product on the default device (XLA's most efficient kernel; small
+    convolutions reach a fraction of it)."""
     import jax.numpy as jnp
 
-    a = jnp.ones((size, size), jnp.float32)
+    a = jnp.ones((size, size), dtype)
     product = jax.jit(lambda a: a @ a)
     product(a).block_until_ready()
     best = float("inf")
