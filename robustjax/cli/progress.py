@@ -51,7 +51,7 @@ def _bars(console: Console, per_hour: bool = False) -> Progress:
                     TimeElapsedColumn(), TimeRemainingColumn(), console=console)
 
 
-class _Display:
+class Display:
     """Bars on a terminal unless quiet; ``self.bars`` is None otherwise."""
 
     def __init__(self, console: Console, quiet: bool, per_hour: bool = False):
@@ -68,7 +68,7 @@ class _Display:
             self.bars.stop()
 
 
-class StepDisplay(_Display):
+class StepDisplay(Display):
     """Draws an evaluation's step events: pass it as ``evaluate``'s ``on_step``."""
 
     def __init__(self, console: Console, *, quiet: bool = False):
@@ -104,7 +104,7 @@ def step_line(event: StepEvent, seconds: float) -> str:
     return f"{event.step}: {event.done} {event.unit} in {seconds:.1f} s{rate}"
 
 
-class NetworkDisplay(_Display):
+class NetworkDisplay(Display):
     """Networks done of ``total``, rate and time left: a bar on a terminal, a line every
     ``every`` networks (and at the end) otherwise. ``advance`` takes each finished chunk
     (a sweep's ``on_chunk``, a NAS evaluation's ``on_population``)."""

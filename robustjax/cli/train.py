@@ -10,12 +10,12 @@ import jax
 from rich.console import Console
 
 from robustjax import training, zoo
-from robustjax.cli.progress import _Display
+from robustjax.cli.progress import Display
 from robustjax.training.dataset import training_dataset
 from robustjax.training.output import check_model_for
 
 
-class TrainDisplay(_Display):
+class TrainDisplay(Display):
     """A bar of steps (loss and batch accuracy in its description) on a terminal, a line
     every ``every`` steps otherwise, nothing when quiet."""
 
