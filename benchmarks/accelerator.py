@@ -335,10 +335,10 @@ def wrn_model(sizes: Sizes) -> Model:
     try:
         import torch
 
-        from benchmarks.torch_wrn import WideResNet
+        from benchmarks.torch_wrn import wide_resnet
 
         torch.manual_seed(0)
-        module = WideResNet(depth, width).eval()
+        module = wide_resnet(depth, width).eval()
         state = {k: v.detach().numpy() for k, v in module.state_dict().items()}
         return Model(rj.zoo.from_torch("wrn_28_10", state, depth=depth, widen_factor=width), module)
     except ImportError as error:
