@@ -76,7 +76,10 @@ def test_killed_at_random_moments_and_rerun_loses_and_duplicates_nothing(workdir
     db = workdir / "killed.sqlite"
     rng = np.random.default_rng(7)
     kills = 0
-    for target in sorted(rng.choice(np.arange(1, ROWS), size=3, replace=False)):
+    # Each kill comes after a random number of rows, leaving at least two items of the last
+    # population to run; the random delay may still let a run finish (its compiles are cached
+    # by then), which is not counted as a kill: the rounds after a kill are the resumes tested.
+    for target in sorted(rng.choice(np.arange(1, ROWS - 4), size=3, replace=False)):
         process = subprocess.Popen(_command(db, workdir / "plan.toml"), env=_env(workdir))
         while _count(db) < target and process.poll() is None:
             time.sleep(0.05)
@@ -87,7 +90,7 @@ def test_killed_at_random_moments_and_rerun_loses_and_duplicates_nothing(workdir
         process.wait()
         partial = _rows(db)
         assert set(partial) <= set(reference) and len(set(partial)) == len(partial)
-    assert kills >= 2 and len(_rows(db)) < ROWS
+    assert kills >= 2
     subprocess.run(_command(db, workdir / "plan.toml"), check=True, env=_env(workdir), timeout=HANG_S)
     assert _rows(db) == reference
     with sqlite3.connect(db) as connection:
