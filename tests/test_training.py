@@ -143,9 +143,10 @@ class _Linear(nnx.Module):
 
 def test_ema_and_label_smoothing_equal_their_closed_forms():
     """Loss: -sum_k q_k log softmax(z)_k with q = (1 - s) onehot + s / K. EMA after T steps of
-    parameters p_1..p_T from p_0: d^T p_0 + sum_t (1 - d) d^(T - t) p_t."""
+    parameters p_1..p_T from p_0, with decays d_t = min(d, t / (9 + t)) (TensorFlow's warm-up,
+    update t counted from 1): D_0 p_0 + sum_t (1 - d_t) D_t p_t, D_t = prod_{s > t} d_s."""
     clf = rj.Classifier.from_nnx(_Linear(rngs=nnx.Rngs(0)), num_classes=3, input_shape=(2, 2, 1))
-    recipe = training.Recipe(steps=4, batch_size=4, learning_rate=0.3, warmup_epochs=0, ema_decay=0.7,
+    recipe = training.Recipe(steps=4, batch_size=4, learning_rate=0.3, warmup_epochs=0, ema_decay=0.2,
                              label_smoothing=0.2)
     model = TrainModel.from_classifier(clf)
     optimizer, step = make_step(model, recipe, training.parse(""), 4)
@@ -161,9 +162,11 @@ def test_ema_and_label_smoothing_equal_their_closed_forms():
         if t == 0:
             assert np.isclose(float(metrics["loss"]), closed_loss, rtol=1e-6)
         history.append(state.params)
-    d, steps = 0.7, 4
-    expected = jax.tree.map(lambda *p: d ** steps * p[0] + sum((1 - d) * d ** (steps - t) * p[t]
-                                                               for t in range(1, steps + 1)), *history)
+    steps = 4
+    decays = [min(0.2, t / (9 + t)) for t in range(1, steps + 1)]  # 0.1, 0.18, then capped at 0.2
+    after = [float(np.prod(decays[t:])) for t in range(steps + 1)]  # D_t: the decays of updates t+1..T
+    expected = jax.tree.map(lambda *p: after[0] * p[0] + sum((1 - decays[t - 1]) * after[t] * p[t]
+                                                             for t in range(1, steps + 1)), *history)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), state.ema[0], expected)
 
 

@@ -27,7 +27,10 @@ class Recipe:
     """Hyperparameters of a training run; the defaults are RobustART's CNN baseline.
 
     The length is ``steps`` if given, else ``epochs`` passes over the training set; the
-    warm-up lasts ``warmup_epochs`` (at most half the run).
+    warm-up lasts ``warmup_epochs`` (at most half the run). The moving average's decay at
+    update ``t`` (from 0) is ``min(ema_decay, (1 + t) / (10 + t))``, the warm-up of
+    TensorFlow's ``ExponentialMovingAverage(num_updates=t)``: without it a short run's average
+    at 0.9999 would stay at the initial weights.
     """
 
     optimizer: str = "sgd"

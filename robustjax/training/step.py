@@ -122,7 +122,12 @@ def init_state(model: TrainModel, optimizer: optax.GradientTransformation, recip
     return TrainState(jnp.zeros((), jnp.int32), params, stats, other, optimizer.init(params), ema)
 
 
-def ema_update(ema, new, decay: float):
+def ema_decay_at(decay: float, update: jax.Array) -> jax.Array:
+    """The moving average's decay at ``update`` (0, 1, ...): ``min(decay, (1 + t) / (10 + t))``."""
+    return jnp.minimum(decay, (1.0 + update) / (10.0 + update))
+
+
+def ema_update(ema, new, decay):
     """``decay * ema + (1 - decay) * new``, leaf by leaf."""
     return jax.tree.map(lambda e, n: decay * e + (1 - decay) * n, ema, new)
 
@@ -183,7 +188,8 @@ def make_step(model: TrainModel, recipe: Recipe, techniques: Techniques, num_exa
             state.params, state.stats, state.other, x, y, key)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        ema = ema_update(state.ema, (params, stats), recipe.ema_decay) if recipe.ema_decay is not None else ()
+        ema = (ema_update(state.ema, (params, stats), ema_decay_at(recipe.ema_decay, state.step))
+               if recipe.ema_decay is not None else ())
         metrics = {"loss": loss, "accuracy": jnp.mean(jnp.argmax(logits, -1) == y)}
         return TrainState(state.step + 1, params, stats, state.other, opt_state, ema), metrics
 
