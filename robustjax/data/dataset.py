@@ -114,6 +114,17 @@ def from_arrays(
     return dataset
 
 
+def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """The example indices of training step ``step``: epochs of permutations seeded by (seed,
+    epoch), cut into full batches (the remainder of an epoch is left out, so shapes never
+    change). A function of (seed, step) alone, so a resumed run sees the batches an
+    uninterrupted one sees."""
+    per_epoch = max(1, num_examples // batch_size)
+    epoch, position = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    return order[position * batch_size:(position + 1) * batch_size]
+
+
 def with_num_classes(dataset: ImageDataset, num_classes: int | None) -> ImageDataset:
     """``dataset`` counted as ``num_classes`` classes, which must cover its own (None: as it is)."""
     if num_classes is None:

@@ -28,6 +28,7 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from robustjax.data.dataset import batch_indices
 from robustjax.nas import build
 from robustjax.nas.bignas import BigNASSpace
 from robustjax.nas.supernet import Supernet, describe_space
@@ -63,14 +64,6 @@ def step_subnets(space: build.Space, settings: TrainSettings, step: int) -> list
                  for c in space.sample(subnet_key, settings.random_subnets, unique=False)]
         return [space.largest(), space.smallest(), *drawn]
     return space.sample(key, 1, unique=False)
-
-
-def _batch(labels_count: int, settings: TrainSettings, step: int) -> np.ndarray:
-    """The example indices of ``step``: epochs of seeded permutations, cut into batches."""
-    per_epoch = max(1, labels_count // settings.batch_size)
-    epoch, position = divmod(step, per_epoch)
-    order = np.random.default_rng([settings.seed, epoch]).permutation(labels_count)
-    return order[position * settings.batch_size:(position + 1) * settings.batch_size]
 
 
 @functools.cache
@@ -142,7 +135,7 @@ def train_supernet(space: build.Space, images: np.ndarray, labels: np.ndarray, o
     loss = float("nan")
     last = settings.steps if stop_after is None else min(settings.steps, start + stop_after)
     for step in range(start, last):
-        batch = _batch(len(labels), settings, step)
+        batch = batch_indices(len(labels), settings.batch_size, settings.seed, step)
         x = (images[batch] - np.float32(space.mean)) / np.float32(space.std)
         configs = step_subnets(space, settings, step)
         choices = jax.tree.map(lambda *a: np.stack(a), *[build.choice(space, c) for c in configs])

@@ -80,6 +80,11 @@ def _failed(section: dict) -> str | None:
     return f"<p class=error>Failed: {escape(section['error'])}</p>" if section.get("status") == "failed" else None
 
 
+def _failed_items(section: dict) -> list[str]:
+    """A line per item of ``section`` that failed (a corruption, a perturbation, a set)."""
+    return [f"<p class=error>{escape(f['name'])} failed: {escape(f['error'])}</p>" for f in section.get("failed", [])]
+
+
 def _budgets(report: dict) -> list[tuple[str, float, float, list[str]]]:
     """Per threat model (norm, eps) of the finished attacks: the worst-case robust accuracy
     (per example where the report has it, else the one attack's) and the attacks."""
@@ -211,7 +216,7 @@ def _corruptions(report: dict, gallery) -> str:
         parts.append(f"<p>Mean error {percent(section['mean_error'])}; mCE {percent(section.get('mce'))}, relative mCE "
                      f"{percent(section.get('relative_mce'))} (CE: summed errors over the baseline's, Hendrycks &amp; "
                      f"Dietterich 2019; '-' without a baseline).</p>")
-    parts += [f"<p class=error>{escape(f['name'])} failed: {escape(f['error'])}</p>" for f in section.get("failed", [])]
+    parts += _failed_items(section)
     return "".join(parts)
 
 
@@ -232,7 +237,7 @@ def _sequences(report: dict, gallery) -> str:
     if section.get("mean_flip_probability") is not None:
         parts.append(f"<p>Mean flip probability {percent(section['mean_flip_probability'])}, mean top-5 distance "
                      f"{number(section['mean_top5_distance'])}.</p>")
-    parts += [f"<p class=error>{escape(f['name'])} failed: {escape(f['error'])}</p>" for f in section.get("failed", [])]
+    parts += _failed_items(section)
     return "".join(parts)
 
 
@@ -295,7 +300,7 @@ def _natural_shift(report: dict, gallery) -> str:
         parts.append(f"<p>Mean error {percent(entry['mean_error'])}; mCE {percent(entry.get('mce'))}, relative mCE "
                      f"{percent(entry.get('relative_mce'))} ('-': AlexNet's errors exist for ImageNet-C's 15 "
                      "benchmark corruptions only, and mCE needs all 15 at severities 1-5).</p>")
-    parts += [f"<p class=error>{escape(f['name'])} failed: {escape(f['error'])}</p>" for f in section.get("failed", [])]
+    parts += _failed_items(section)
     return "".join(parts)
 
 

@@ -15,27 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from robustjax.classifier import Classifier
-from robustjax.data.dataset import ImageDataset
+from robustjax.data.dataset import ImageDataset, batch_indices
 from robustjax.training.model import TrainModel
 from robustjax.training.recipe import Recipe
 from robustjax.training.step import TrainState, init_state, make_step, trained_state
 from robustjax.training.techniques import Techniques
 
 METRICS_FILE = "metrics.jsonl"
-
-
-def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-    """The example indices of ``step``: epochs of permutations seeded by (seed, epoch), cut
-    into full batches (the remainder of an epoch is left out, so shapes never change)."""
-    per_epoch = max(1, num_examples // batch_size)
-    epoch, position = divmod(step, per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
-    return order[position * batch_size:(position + 1) * batch_size]
 
 
 @dataclasses.dataclass(frozen=True)
