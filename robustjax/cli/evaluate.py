@@ -17,7 +17,7 @@ from robustjax import data, distributed, zoo
 from robustjax.classifier import Classifier
 from robustjax.cli import EXIT_INTERRUPTED
 from robustjax.cli.nas import load_nas_model
-from robustjax.cli.plan import with_options
+from robustjax.cli.plan import refuse_training, with_options
 from robustjax.cli.progress import StepDisplay
 from robustjax.compile_cache import use_compile_cache
 from robustjax.evaluation import Plan, default_plan, evaluate, gallery, load_plan, resume
@@ -152,6 +152,7 @@ class Inputs:
 def read_inputs(args: argparse.Namespace, console: Console) -> Inputs:
     use_compile_cache(args.compile_cache)
     plan = with_options(load_plan(args.plan) if args.plan else default_plan(args.dataset), args)
+    refuse_training(plan, args.plan)
     calibration = None
     if args.supernet is not None:
         calibration = data.load(args.dataset, "train", image_size=args.image_size, data_dir=args.data_dir)

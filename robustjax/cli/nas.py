@@ -24,7 +24,7 @@ from rich.table import Table
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
 from robustjax.cli import DEFAULT_DATASET, add_plan_options
-from robustjax.cli.plan import with_options
+from robustjax.cli.plan import refuse_training, with_options
 from robustjax.cli.progress import NetworkDisplay
 from robustjax.evaluation import default_plan, load_plan
 from robustjax.evaluation.items import check_population_plan
@@ -118,6 +118,7 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
     if args.plan is None:  # the digits plan's attacks; its metrics do not run on populations
         plan = dataclasses.replace(plan, metrics=None, corruptions=None, sequences=None, system_noise=None)
     plan = with_options(plan, args)
+    refuse_training(plan, args.plan)
     check_population_plan(plan)
     archs = parse_ids(args.ids) if args.ids else space.sample(jax.random.key(args.seed), args.n)
     if args.supernet:

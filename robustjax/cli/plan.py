@@ -9,6 +9,7 @@ from rich.console import Console
 
 from robustjax.builtin_plans import builtin_plan_text
 from robustjax.evaluation import Plan, load_plan
+from robustjax.evaluation.plan import TrainingRun
 
 
 def with_options(plan: Plan, args: argparse.Namespace) -> Plan:
@@ -19,6 +20,13 @@ def with_options(plan: Plan, args: argparse.Namespace) -> Plan:
     if plan.natural_shift is not None and plan.natural_shift.image_size is None and image_size is not None:
         options["natural_shift"] = dataclasses.replace(plan.natural_shift, image_size=image_size)
     return dataclasses.replace(plan, **{key: value for key, value in options.items() if value is not None})
+
+
+def refuse_training(plan: Plan, spec: str | None) -> None:
+    """Refuses a plan with a ``[training]`` table where given networks are evaluated as they are."""
+    if plan.training is not None:
+        raise ValueError(f"plan {spec} has a [training] table, which trains networks for a sweep: run it with "
+                         f"`robustjax sweep run --models MODEL --plan {spec} --db FILE.sqlite`, or remove the table")
 
 
 def cmd_plan_show(args: argparse.Namespace, console: Console) -> int:
@@ -35,5 +43,16 @@ def cmd_plan_check(args: argparse.Namespace, console: Console) -> int:
         if getattr(plan, section) is not None:
             parts.append(section.replace("_", " "))
     parts.append("sanity checks" if plan.sanity.enabled else "no sanity checks")
+    if plan.training is not None:
+        parts.append(_training_summary(plan.training))
     console.print(f"{args.file}: a valid plan: {', '.join(parts)}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _training_summary(run: TrainingRun) -> str:
+    sets = "; ".join(str(t) for t in run.techniques)
+    settings = [f"{key}={value}" for key, value in run.recipe]
+    settings += [f"{key}={getattr(run, key)}" for key in ("attack_eps", "attack_steps") if getattr(run, key) is not None]
+    data = f"{run.dataset or 'the sweep dataset'} (split {run.split})"
+    return (f"training of {len(run.techniques)} technique set(s) ({sets}) on {data} with the aligned recipe"
+            + (f" and {', '.join(settings)}" if settings else ""))

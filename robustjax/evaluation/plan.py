@@ -49,6 +49,15 @@ A plan file is TOML or JSON::
     image_size = 224          # optional: resize and centre-crop images of varying size (ImageNet-A,
                               # -R, -O, folders); robustjax evaluate --image-size sets it
 
+    [training]                # optional, for sweeps over zoo models (robustjax sweep run --models):
+                              # train each model once per technique set, then evaluate them all
+    techniques = ["baseline", "fast_at", "pgd_at,no_ema"]  # sets of training.TECHNIQUES names
+    steps = 300               # any field of training.Recipe replaces the aligned recipe's
+    batch_size = 64           # (epochs, learning_rate, seed, ...; steps or epochs, not both)
+    attack_eps = 0.2          # optional: an adversarial technique's eps and steps
+    dataset = "digits"        # training data (default: the sweep's dataset), split "train"
+    checkpoint_every = 100    # steps between the checkpoints a killed training resumes from
+
     [sanity]                  # optional: checks against gradient masking (evaluation.sanity)
     enabled = true            # default: every evaluation runs them
     num_examples = 32         # correctly classified examples the model-based checks use
@@ -65,6 +74,7 @@ import difflib
 import json
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from robustjax import attacks, noise
 from robustjax.attacks.base import Attack
@@ -75,11 +85,15 @@ from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
 from robustjax.metrics.imperceptibility import L0_DENOMINATORS
 from robustjax.precision import PRECISIONS
 
+if TYPE_CHECKING:
+    from robustjax.training import Recipe, Techniques
+
 PLAN_KEYS = {"batch_size", "num_examples", "seed", "precision", "attacks", "corruptions", "sequences", "system_noise", "metrics",
-             "sanity", "natural_shift"}
+             "sanity", "natural_shift", "training"}
 CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
 SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
 SYSTEM_NOISE_KEYS = {"decoders", "resizes", "quality"}
+TRAINING_KEYS = {"techniques", "dataset", "split", "attack_eps", "attack_steps", "checkpoint_every"}  # and Recipe's
 NATURAL_SHIFT_KEYS = {"datasets", "ood", "data_dir", "corruptions", "severities", "num_examples", "image_size"}
 # Named sets of corruptions: the 15 of the ImageNet-C benchmark, or all 19.
 CORRUPTION_SETS = {"imagenet-c": ("noise", "blur", "weather", "digital"), "all": noise.FAMILIES}
@@ -245,6 +259,35 @@ class NaturalShiftRun:
                                            for key in ("datasets", "ood", "corruptions", "severities")}
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingRun:
+    """A grid of training techniques (``[training]``), read by sweeps over zoo models: each
+    model trains once per technique set with RobustART's aligned recipe for its family
+    (``training.aligned``), ``recipe``'s fields replacing the recipe's own, on ``split`` of
+    ``dataset`` (None: the sweep's dataset); ``attack_eps`` and ``attack_steps`` (None: the
+    technique's) set an adversarial technique's attack; a killed training resumes from its
+    last checkpoint, saved every ``checkpoint_every`` steps."""
+
+    techniques: tuple[Techniques, ...]
+    recipe: tuple[tuple[str, Any], ...] = ()
+    dataset: str | None = None
+    split: str = "train"
+    attack_eps: float | None = None
+    attack_steps: int | None = None
+    checkpoint_every: int = 100
+
+    def recipe_for(self, family: str, techniques: Techniques) -> Recipe:
+        """The recipe ``techniques`` train a model of ``family`` with."""
+        from robustjax.training import aligned
+
+        return aligned(family, techniques, **dict(self.recipe))
+
+    def as_dict(self) -> dict:
+        return {"techniques": [str(t) for t in self.techniques], "recipe": dict(self.recipe),
+                "dataset": self.dataset, "split": self.split, "attack_eps": self.attack_eps,
+                "attack_steps": self.attack_steps, "checkpoint_every": self.checkpoint_every}
+
+
 def _check_keys(raw: dict, allowed: set[str], table: str) -> None:
     """Refuses keys of plan table ``table`` that are not ``allowed``, naming each with the
     nearest allowed key (``difflib``) and listing the allowed ones."""
@@ -273,6 +316,7 @@ class Plan:
     metrics: MetricsRun | None = None
     sanity: SanityRun = SanityRun()
     natural_shift: NaturalShiftRun | None = None
+    training: TrainingRun | None = None
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
@@ -304,6 +348,7 @@ class Plan:
             "metrics": None if self.metrics is None else self.metrics.as_dict(),
             "sanity": self.sanity.as_dict(),
             "natural_shift": None if self.natural_shift is None else self.natural_shift.as_dict(),
+            **({} if self.training is None else {"training": self.training.as_dict()}),
         }
 
 
@@ -498,6 +543,80 @@ def _natural_shift_run(raw) -> NaturalShiftRun:
     return NaturalShiftRun(tuple(datasets), tuple(ood), data_dir, names, severities, num_examples, image_size)
 
 
+def _technique_set(where: str, spec):
+    """A ``techniques`` entry: names as a comma-separated string or a list; "" or "baseline"
+    is the aligned baseline."""
+    from robustjax import training
+
+    if isinstance(spec, str):
+        spec = [name for name in spec.split(",") if name.strip()]
+    if not isinstance(spec, list) or not all(isinstance(name, str) for name in spec):
+        raise ValueError(f"plan: {where} must be a string of comma-separated technique names or a list of names, "
+                         f"got {spec!r}")
+    try:
+        return training.parse([name for name in spec if name.strip() != "baseline"])
+    except ValueError as error:
+        raise ValueError(f"plan: {where}: {error}") from None
+
+
+def _recipe_value(key: str, value, default):
+    """A recipe override, type-checked against the field's default (lists become tuples);
+    ``Recipe`` checks the values."""
+    if isinstance(value, dict):
+        raise ValueError(f"plan: training.{key} must be a number, a string or a boolean, got a table")
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int | float):
+        ok, kind = isinstance(value, int | float) and not isinstance(value, bool), "a number"
+    elif isinstance(default, str):
+        ok, kind = isinstance(value, str), "a string"
+    else:  # an optional field
+        ok, kind = True, ""
+    if not ok:
+        raise ValueError(f"plan: training.{key} must be {kind}, got {value!r}")
+    return value
+
+
+def _training_run(raw) -> TrainingRun:
+    from robustjax import training
+
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'training' must be a table, got {raw!r}")
+    defaults = {f.name: f.default for f in dataclasses.fields(training.Recipe)}
+    _check_keys(raw, TRAINING_KEYS | set(defaults), "[training]")
+    sets = raw.get("techniques", ["baseline"])
+    if not isinstance(sets, list) or not sets:
+        raise ValueError('plan: training.techniques must be a non-empty list of technique sets, e.g. ["baseline", '
+                         f'"fast_at", "pgd_at,no_ema"], got {sets!r}')
+    techniques: list = []
+    for i, spec in enumerate(sets):
+        parsed = _technique_set(f"training.techniques[{i}]", spec)
+        if parsed in techniques:
+            raise ValueError(f"plan: training.techniques[{i}] ({spec!r}) repeats the technique set {str(parsed)!r}")
+        techniques.append(parsed)
+    recipe = {key: _recipe_value(key, value, defaults[key]) for key, value in raw.items() if key in defaults}
+    if "steps" in recipe and "epochs" in recipe:
+        raise ValueError("plan: training: give steps or epochs, not both")
+    for parsed in techniques:
+        try:
+            training.aligned("", parsed, **recipe)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"plan: training: {error}") from None
+    for key in ("dataset", "split"):
+        if key in raw and not (isinstance(raw[key], str) and raw[key]):
+            raise ValueError(f"plan: training.{key} must be a non-empty string, got {raw[key]!r}")
+    eps = raw.get("attack_eps")
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps <= 1):
+        raise ValueError(f"plan: training.attack_eps must be a number in (0, 1], got {eps!r}")
+    for key in ("attack_steps", "checkpoint_every"):
+        if key in raw:
+            check_positive_int(raw[key], f"plan: training.{key}")
+    return TrainingRun(tuple(techniques), tuple(sorted(recipe.items())),
+                       **{key: raw[key] for key in TRAINING_KEYS - {"techniques"} if key in raw})
+
+
 def plan_from_dict(raw: dict) -> Plan:
     """A :class:`Plan` from parsed TOML/JSON, validating every field."""
     if not isinstance(raw, dict):
@@ -512,11 +631,12 @@ def plan_from_dict(raw: dict) -> Plan:
     system_noise = _system_noise_run(raw["system_noise"]) if "system_noise" in raw else None
     metrics = _metrics_run(raw["metrics"]) if "metrics" in raw else None
     natural_shift = _natural_shift_run(raw["natural_shift"]) if "natural_shift" in raw else None
+    training = _training_run(raw["training"]) if "training" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed", "precision") if key in raw}
     if "sanity" in raw:
         settings["sanity"] = _sanity_run(raw["sanity"])
     return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, metrics=metrics,
-                natural_shift=natural_shift, **settings)
+                natural_shift=natural_shift, training=training, **settings)
 
 
 def load_plan(spec: str | Path) -> Plan:
