@@ -66,8 +66,8 @@ class Population:
         if not classifiers:
             raise ValueError("a population needs at least one network")
         first = classifiers[0]
-        for other in classifiers[1:]:
-            if (jax.tree.structure(other) != jax.tree.structure(first)
+        for other in classifiers[1:]:  # names may differ: each network keeps its own as its id
+            if (jax.tree.structure(other.replace(name=first.name)) != jax.tree.structure(first)
                     or any(a.shape != b.shape for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(other)))):
                 raise ValueError(f"cannot stack {other.name!r} with {first.name!r}: a population of independent "
                                  "networks needs one architecture (equal apply_fn, shapes and static fields)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import flax
@@ -25,16 +26,22 @@ def check_model_for(model: str, techniques: Techniques) -> None:
                          f"{'already the deploy form' if model.endswith('_deploy') else 'not a RepVGG'}")
 
 
+def trained_name(model: str, techniques: Techniques) -> str:
+    """The zoo name a model trained with ``techniques`` is evaluated as: with ``reparam``,
+    its deploy form's."""
+    return f"{model}_deploy" if "reparam" in techniques else model
+
+
 def save_trained(out: str | Path, result, *, model: str, recipe: Recipe, techniques: Techniques,
                  dataset: str, build_kwargs: dict | None = None, extra: dict | None = None) -> Path:
     """Writes ``out/weights`` and ``out/card.json`` for ``result`` (a ``TrainResult``) of the
     zoo model ``model``; with the ``reparam`` technique, the deploy form under the name
     ``<model>_deploy``. Returns the name to evaluate it as."""
-    classifier, name = result.classifier, model
+    classifier, name = result.classifier, trained_name(model, techniques)
     if "reparam" in techniques:
         from robustjax.zoo.repvgg import reparameterize
 
-        classifier, name = reparameterize(classifier), f"{model}_deploy"
+        classifier = reparameterize(classifier)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_weights(out / "weights", classifier.params)
@@ -60,5 +67,7 @@ def save_trained(out: str | Path, result, *, model: str, recipe: Recipe, techniq
         },
         "versions": {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__},
     }
-    (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    partial = out / "card.json.partial"  # the card comes last, whole: a folder with one holds finished weights
+    partial.write_text(json.dumps(card, indent=2) + "\n")
+    os.replace(partial, out / "card.json")
     return name
