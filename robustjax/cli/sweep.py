@@ -8,6 +8,8 @@
 
 With no flags but ``--db``, 64 random subnets of the bundled NAS-Bench-201 digits supernet
 run under the built-in ``sweep`` plan. A rerun of the same command resumes a killed sweep.
+A plan with a ``[training]`` table trains each of ``--models`` with each of its technique
+sets into ``<db>.trained/`` first, then evaluates the networks of one architecture together.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from robustjax.cli.progress import NetworkDisplay
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE, use_compile_cache
 from robustjax.evaluation import load_plan
 from robustjax.nas.recalibrate import DEFAULT_IMAGES
-from robustjax.sweep import export
+from robustjax.sweep import export, trained
 from robustjax.sweep.analyze import analyze
-from robustjax.sweep.engine import Sweep, open_store, run_local
-from robustjax.sweep.ray_executor import connect, run_ray
+from robustjax.sweep.engine import Sweep, context, open_store, run_local
+from robustjax.sweep.ray_executor import check_executable, connect, run_ray
 from robustjax.sweep.store import Store, worker_id
+from robustjax.training import StepReport
 
 DEFAULT_SPACE = "nb201_digits"
 DEFAULT_PLAN = "sweep"
@@ -48,7 +51,8 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
             raise ValueError("--models runs a list of models; --space, --ids, --n, --all and --supernet apply to "
                              "NAS spaces")
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
-        return Sweep(models=models, **common), list(models)
+        trained_dir = None if plan.training is None else f"{args.db}.trained"
+        return Sweep(models=models, trained_dir=trained_dir, **common), list(models)
     space = nas.space(args.space or DEFAULT_SPACE)
     if sum([bool(args.ids), args.all, args.n is not None]) > 1:
         raise ValueError("choose the networks with one of --ids, --n and --all")
@@ -61,10 +65,36 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
     return Sweep(space=space.name, supernet=args.supernet, **common), archs
 
 
+class TrainingProgress:
+    """Each trained network's steps: a bar under the networks' on a terminal, otherwise a
+    line when it starts (or resumes) and at each tenth of its steps."""
+
+    def __init__(self, display: NetworkDisplay):
+        self.display, self.tasks, self.started = display, {}, {}
+
+    def __call__(self, arch_id: str, report: StepReport) -> None:
+        display = self.display
+        if display.quiet:
+            return
+        first = arch_id not in self.started
+        self.started.setdefault(arch_id, time.perf_counter())
+        if display.bars is not None:
+            if first:
+                self.tasks[arch_id] = display.bars.add_task(f"train {arch_id}", total=report.total,
+                                                            completed=report.step - 1, unit="steps")
+            display.bars.update(self.tasks[arch_id], completed=report.step)
+        elif first or report.step % max(1, report.total // 10) == 0 or report.step == report.total:
+            verb = "resuming" if first and report.step > 1 else "training"
+            display.console.print(f"{verb} {arch_id}: step {report.step}/{report.total}, loss "
+                                  f"{report.metrics['loss']:.4f}, batch accuracy {report.metrics['accuracy']:.3f} "
+                                  f"({time.perf_counter() - self.started[arch_id]:.0f} s)", highlight=False)
+
+
 def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
     use_compile_cache(args.compile_cache)
     sweep, archs = _sweep_and_archs(args)
     if args.ray:  # fail fast on a bad address, before loading anything
+        check_executable(sweep)
         connect(args.ray)
     store, selection = open_store(sweep, args.db, archs)
     if args.retry_failed:
@@ -73,8 +103,10 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
             console.print(f"{retried} failed items will run again", highlight=False)
     done = len(store.done() & set(selection))
     if not args.quiet:
+        to_train = "" if not sweep.training else "; {} to train into {}".format(
+            sum(not trained.is_trained(context(sweep).folder(a)) for a in selection), sweep.trained_dir)
         console.print(f"sweep of {len(selection)} networks into {args.db} ({done} done already; "
-                      f"{len(store.item_keys())} items each)", highlight=False)
+                      f"{len(store.item_keys())} items each{to_train})", highlight=False)
     worker = worker_id()
     started = time.perf_counter()
     with NetworkDisplay(console, len(selection), done, quiet=args.quiet, every=args.log_every) as progress:
@@ -82,7 +114,8 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
             run_ray(sweep, store, selection, address=args.ray, worker=worker, lease_s=args.lease,
                     on_chunk=progress.advance, log=lambda line: console.print(line, highlight=False))
         else:
-            run_local(sweep, store, selection, worker=worker, lease_s=args.lease, on_chunk=progress.advance)
+            run_local(sweep, store, selection, worker=worker, lease_s=args.lease, on_chunk=progress.advance,
+                      on_train=TrainingProgress(progress))
     status = store.status()
     if not args.quiet:
         console.print(f"{len(store.done() & set(selection))}/{len(selection)} networks done in "
@@ -133,16 +166,22 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     """The group's commands under its parser ``group``; ``robustjax.cli.parser`` calls this only when
     one of them is given."""
     sub = group.add_subparsers(dest="sweep_command", required=True)
-    run = sub.add_parser("run", help="run (or resume) a sweep into a SQLite database")
+    run = sub.add_parser("run", help="run (or resume) a sweep into a SQLite database", description=(
+        "Evaluates a plan over many networks into a SQLite database; rerun the same command to resume. The "
+        "networks are subnets of a NAS space, or --models. A plan with a [training] table (`robustjax plan show "
+        "techniques`) trains each of --models once per technique set into DB.trained/ (a killed training resumes "
+        "from its checkpoint; a finished one is reused), then evaluates the trained networks of one architecture "
+        "as one population."))
     run.add_argument("--db", required=True, help="the sweep's SQLite database (made, or resumed)")
     run.add_argument("--space", help=f"NAS search space (default: {DEFAULT_SPACE}; see `robustjax nas list`)")
-    run.add_argument("--models", help="comma-separated zoo models or package.module:function, instead of a space")
+    run.add_argument("--models", help="comma-separated zoo models or package.module:function, instead of a space; "
+                     "with a plan's [training] table, the zoo models to train")
     run.add_argument("--ids", help="network ids and ranges, e.g. 0-999")
     run.add_argument("--n", type=int, help=f"how many random networks (default: {DEFAULT_N})")
     run.add_argument("--all", action="store_true", help="every network of the space")
     run.add_argument("--seed", type=int, default=0, help="seed of the random networks (default: %(default)s)")
     run.add_argument("--plan", default=DEFAULT_PLAN, help="plan file or built-in plan (default: %(default)s); "
-                     "clean, [[attacks]], [corruptions], [sequences] and [system_noise] apply")
+                     "clean, [[attacks]], [corruptions], [sequences], [system_noise] and, with --models, [training] apply")
     add_plan_options(run)
     run.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
     run.add_argument("--dataset", default=DEFAULT_DATASET, help="(default: %(default)s; its train split "

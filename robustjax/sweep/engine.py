@@ -1,11 +1,13 @@
 """Sweeps: a plan times a list of networks, evaluated population by population.
 
 A :class:`Sweep` names what results depend on: the plan, the dataset, and where the
-networks come from (subnets of a NAS space's supernet, or zoo / user models). Its
+networks come from (subnets of a NAS space's supernet, zoo / user models, or zoo models
+trained with each technique set of the plan's ``[training]`` table, ``sweep.trained``). Its
 :class:`Context` (one per process) loads those once and evaluates a chunk of networks: a
-population of subnets (one compiled program per item) or one model, item by item, giving
-result rows for the store. An item that fails on a population is retried network by
-network, so a failure is recorded for the networks it belongs to, with its error.
+population of subnets or of trained networks of one architecture (one compiled program per
+item) or one model, item by item, giving result rows for the store. An item that fails on a
+population is retried network by network, so a failure is recorded for the networks it
+belongs to, with its error.
 
 :func:`run_local` is the local executor: it claims chunks from the store, evaluates them on
 every local device (the example axis sharded) and commits each item's rows as it finishes.
@@ -19,6 +21,7 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -40,7 +43,10 @@ from robustjax.evaluation.population import padded_size
 from robustjax.evaluation.runner import environment
 from robustjax.nas.population import Population, choose_layout, exact_subnet, from_supernet
 from robustjax.nas.recalibrate import DEFAULT_IMAGES, calibration_subset
+from robustjax.sweep import trained
 from robustjax.sweep.store import Store, pack
+from robustjax.training import StepReport
+from robustjax.training.dataset import training_dataset
 
 # Rough size of a result row beyond its packed outcome: keys, figures, timing.
 ROW_OVERHEAD_BYTES = 512
@@ -51,7 +57,9 @@ class Sweep:
     """What a sweep evaluates: ``plan`` on ``dataset``/``split``, over the subnets of NAS
     ``space`` (weights from ``supernet``, a folder of ``nas train``, or the space's bundled
     supernet; batch norm recalibrated on ``calibration_images`` training images), or over
-    ``models`` (zoo names or ``package.module:function``), one network each."""
+    ``models`` (zoo names or ``package.module:function``), one network each. A plan with a
+    ``[training]`` table makes the networks the zoo ``models`` trained with each of its
+    technique sets, into folders under ``trained_dir``."""
 
     plan: Plan
     dataset: str = data.DEFAULT_DATASET
@@ -63,6 +71,7 @@ class Sweep:
     population_size: int = 64
     calibration_images: int = DEFAULT_IMAGES
     network_shards: int = 1  # devices the networks split over (the others split the examples)
+    trained_dir: str | None = None
 
     def __post_init__(self):
         if (self.space is None) == (not self.models):
@@ -72,6 +81,15 @@ class Sweep:
             raise ValueError(f"population_size must be an integer >= 1, got {self.population_size!r}")
         if self.models and self.network_shards != 1:
             raise ValueError("--network-shards splits a population of subnets; a model sweep runs one model at a time")
+        if self.plan.training is not None and not self.models:
+            raise ValueError("a plan with a [training] table trains zoo models: pass them with --models, not a NAS "
+                             "space")
+        if self.plan.training is not None and self.trained_dir is None:
+            raise ValueError("a sweep with a [training] table needs trained_dir, the folder its networks train into")
+
+    @property
+    def training(self) -> bool:
+        return self.plan.training is not None
 
 
 def _digest(arrays: Sequence[np.ndarray]) -> str:
@@ -103,6 +121,8 @@ class Context:
                                  "train`)")
             train = data.load(sweep.dataset, "train", data_dir=sweep.data_dir)
             self.calibration = calibration_subset(train, sweep.calibration_images)
+        if sweep.training:
+            self.trained_networks = {n.arch_id: n for n in trained.grid(sweep.models, sweep.plan.training, sweep.dataset)}
 
     @functools.cached_property
     def data_key(self) -> str:
@@ -118,22 +138,49 @@ class Context:
     def model(self, spec: str) -> Classifier:
         return zoo.load(spec)
 
+    @functools.cache
+    def training_data(self, spec: str, split: str) -> data.ImageDataset:
+        return training_dataset(spec, split, data_dir=self.sweep.data_dir)
+
+    def folder(self, arch_id: str) -> Path:
+        """Where trained network ``arch_id`` trains and is kept."""
+        return Path(self.sweep.trained_dir, arch_id)
+
+    def train(self, arch_ids: Sequence[str], on_step: Callable[[str, StepReport], None] | None = None) -> None:
+        """Trains those of the trained networks ``arch_ids`` that have not finished (none in
+        a sweep without ``[training]``); ``on_step`` receives each one's steps."""
+        if not self.sweep.training:
+            return
+        for arch_id in arch_ids:
+            if trained.is_trained(self.folder(arch_id)):
+                continue
+            network = self.trained_networks[arch_id]
+            trained.train(network, self.folder(arch_id), self.training_data(network.dataset, network.split),
+                          checkpoint_every=self.sweep.plan.training.checkpoint_every,
+                          on_step=None if on_step is None else functools.partial(on_step, arch_id))
+
     def definition(self) -> dict:
         """What the results depend on; a store holds one definition."""
         sweep = self.sweep
+        plan = dataclasses.replace(sweep.plan, training=None)  # trained networks' ids hash their training
         if sweep.space is not None:
             networks = {"space": nas.supernet.describe_space(self.supernet.space),
                         "weights": _digest(jax.tree.leaves(self.supernet.state)),
                         "calibration": _digest([self.calibration])}
+        elif sweep.training:
+            networks = {"trained": "zoo models, one network per technique set; ids hash the training settings"}
         else:
             networks = {"models": {spec: _digest(jax.tree.leaves(self.model(spec).params)) for spec in sweep.models}}
-        return {"plan": sweep.plan.as_dict(), "items": list(self.by_key),
+        return {"plan": plan.as_dict(), "items": list(self.by_key),
                 "dataset": {"name": sweep.dataset, "split": sweep.split, "examples": self.num_examples},
                 "data_key": self.data_key, "networks": networks}
 
     def networks(self, archs: Sequence[Any]) -> list[tuple[str, str, dict]]:
         """``(arch_id, bucket, card)`` of each network: its id, the shape bucket that decides
-        which networks share a compiled program, and its card (config, params, FLOPs)."""
+        which networks share a compiled program, and its card (config, params, FLOPs). A
+        sweep of models, or of trained networks, takes its own networks and ignores ``archs``."""
+        if self.sweep.training:
+            return [(arch_id, n.name, trained.card(n)) for arch_id, n in self.trained_networks.items()]
         if self.sweep.space is None:
             return [(spec, spec, {"model": spec, "params": zoo.count_params(self.model(spec)),
                                   "flops": int(zoo.count_flops(self.model(spec)))}) for spec in self.sweep.models]
@@ -144,7 +191,11 @@ class Context:
     def population(self, arch_ids: Sequence[str], pad_to: int) -> Population:
         """The networks ``arch_ids`` as one population, padded with copies of the first
         network to ``pad_to`` so that every chunk of a bucket shares one program; a lone
-        network (``pad_to`` 1) runs at its own shapes (``nas.population.choose_layout``)."""
+        network (``pad_to`` 1) runs at its own shapes (``nas.population.choose_layout``).
+        Trained networks of one architecture stack likewise, read from their folders."""
+        if self.sweep.training:
+            networks = [trained.load(self.trained_networks[a], self.folder(a)) for a in arch_ids]
+            return Population.stack(networks + networks[:1] * (pad_to - len(networks)))
         if self.sweep.space is None:
             (spec,) = arch_ids
             return Population.stack([self.model(spec)])
@@ -154,12 +205,15 @@ class Context:
         archs = list(arch_ids) + [arch_ids[0]] * (pad_to - len(arch_ids))
         return from_supernet(self.supernet, archs, calibration=self.calibration)
 
-    def evaluate(self, arch_ids: Sequence[str], missing: dict[str, list[str]], *, pad_to: int,
-                 worker: str) -> Iterator[list[dict]]:
-        """Rows of every (network, item) in ``missing`` (item key -> arch ids), item by item."""
+    def evaluate(self, arch_ids: Sequence[str], missing: dict[str, list[str]], *, pad_to: int, worker: str,
+                 on_train: Callable[[str, StepReport], None] | None = None) -> Iterator[list[dict]]:
+        """Rows of every (network, item) in ``missing`` (item key -> arch ids), item by item,
+        once the trained networks among ``arch_ids`` have trained (``on_train`` receives
+        their steps; a training that fails stops the sweep, and a rerun resumes it)."""
         wanted = {key: ids for key, ids in missing.items() if ids}
         if not wanted:
             return
+        self.train(arch_ids, on_train)
         started = time.perf_counter()
         try:
             population = self.population(arch_ids, pad_to)
@@ -227,7 +281,7 @@ def chunk_size(sweep: Sweep, store: Store, selection: Sequence[str]) -> Callable
     """Per network, how many networks its population holds: the population size, or its
     bucket's share of the selection when that is smaller (a population is not padded
     beyond the networks there are)."""
-    if sweep.space is None:
+    if sweep.space is None and not sweep.training:
         return lambda arch_id: 1
     buckets = {arch_id: bucket for arch_id, bucket, _ in store.networks()}
     counts = collections.Counter(buckets[arch_id] for arch_id in selection)
@@ -235,16 +289,31 @@ def chunk_size(sweep: Sweep, store: Store, selection: Sequence[str]) -> Callable
 
 
 def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: str, lease_s: float = 1800.0,
-              on_chunk: Callable[[list[str]], None] | None = None) -> None:
+              on_chunk: Callable[[list[str]], None] | None = None,
+              on_train: Callable[[str, StepReport], None] | None = None) -> None:
     """Claims and evaluates chunks of ``selection`` until none is left to claim, committing
-    each item's rows as it finishes; ``on_chunk`` receives each finished chunk's arch ids."""
+    each item's rows as it finishes; ``on_chunk`` receives each finished chunk's arch ids,
+    ``on_train`` each training step of a trained network (the claim is renewed meanwhile).
+    An error (a failed training) stops it, its chunk released."""
     ctx = context(sweep)
     size_of = chunk_size(sweep, store, selection)
-    while chunk := store.claim(worker, list(selection), lease_s, size_of):
-        for rows in ctx.evaluate(chunk, store.missing(chunk), pad_to=size_of(chunk[0]), worker=worker):
-            store.commit(rows)
+    renewed = time.monotonic()
+
+    def training_step(arch_id: str, report: StepReport) -> None:
+        nonlocal renewed
+        if time.monotonic() - renewed > lease_s / 4:
             store.renew(worker, lease_s)
-        store.release(worker, chunk)
+            renewed = time.monotonic()
+        if on_train is not None:
+            on_train(arch_id, report)
+
+    while chunk := store.claim(worker, list(selection), lease_s, size_of):
+        try:
+            for rows in ctx.evaluate(chunk, store.missing(chunk), pad_to=size_of(chunk[0]), worker=worker,
+                                     on_train=training_step):
+                store.commit(rows)
+                store.renew(worker, lease_s)
+        finally:  # a chunk that raised is free again at once, for a rerun in this process too
+            store.release(worker, chunk)
         if on_chunk is not None:
             on_chunk(chunk)
-

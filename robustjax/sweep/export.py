@@ -2,7 +2,8 @@
 dimensions), its cost and every figure; written as CSV, JSON lines or Parquet (pyarrow).
 
 Search dimensions: an NB201 cell's op on each edge (``edge_1<-0`` ...); a BigNAS subnet's
-resolution and, per stage or block, ``width_i``, ``depth_i``, ``kernel_i``, ``expand_i``.
+resolution and, per stage or block, ``width_i``, ``depth_i``, ``kernel_i``, ``expand_i``; a
+trained network's ``model`` and ``techniques`` (its set, e.g. ``fast_at,no_ema``).
 Figures are means over the evaluated examples, recomputed from the stored per-example
 outcomes: ``clean``, each attack entry's robust accuracy, each corruption and system-noise
 variant's accuracy, and for every threat model (norm, epsilon) that two or more attacks
@@ -41,6 +42,8 @@ def config_columns(card: dict) -> dict:
         for field, name in BIGNAS_DIMENSIONS.items():
             columns.update({f"{name}_{i}": value for i, value in enumerate(card["config"][field])})
         return columns
+    if "techniques" in card:
+        return {"model": card["model"], "techniques": card["techniques"]}
     return {}
 
 

@@ -24,6 +24,13 @@ def _evaluate_task(sweep: Sweep, arch_ids: list[str], missing: dict[str, list[st
     return [row for rows in context(sweep).evaluate(arch_ids, missing, pad_to=pad_to, worker=worker) for row in rows]
 
 
+def check_executable(sweep: Sweep) -> None:
+    """Refuses a sweep that trains networks: training runs where the local executor runs."""
+    if sweep.training:
+        raise ValueError("a sweep with a [training] table trains its networks on this machine: run it without "
+                         "--ray (the Ray executor does not train)")
+
+
 def check_reachable(address: str) -> None:
     """Fails fast, naming ``address``, when no Ray head answers at ``host:port``."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -56,6 +63,7 @@ def run_ray(sweep: Sweep, store: Store, selection: Sequence[str], *, address: st
             lease_s: float = 1800.0, max_retries: int = 3, on_chunk: Callable[[list[str]], None] | None = None,
             log: Callable[[str], None] | None = None) -> None:
     """Evaluates the chunks of ``selection`` as Ray tasks until none is left to claim."""
+    check_executable(sweep)
     ray = connect(address)
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
