@@ -70,7 +70,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import robustjax as rj  # noqa: E402
-from benchmarks.common import RESULTS, machine_facts, matmul_peak_gflops  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    compiled,
+    compiled_flops,
+    machine_facts,
+    matmul_peak_gflops,
+    model_pass_flops,
+)
 
 START = time.perf_counter()
 WHEELS = Path(__file__).resolve().parent / "wheels"
@@ -167,43 +174,6 @@ def timed(call: Callable[[], object], repeats: int) -> tuple[float, float, objec
         out = call()
         times.append(time.perf_counter() - start)
     return first, statistics.median(times) if times else first, out
-
-
-def compiled(fn: Callable, *args) -> tuple[float, float, Callable]:
-    """(FLOPs from XLA's cost analysis of the compiled program, compile seconds, the compiled
-    program) of ``fn(*args)``."""
-    start = time.perf_counter()
-    program = jax.jit(fn).lower(*args).compile()
-    seconds = time.perf_counter() - start
-    analysis = program.cost_analysis()
-    if isinstance(analysis, list | tuple):  # older jax: one dict per program
-        analysis = analysis[0]
-    return float(analysis.get("flops", 0.0)), seconds, program
-
-
-def compiled_flops(fn: Callable, *args) -> float:
-    return compiled(fn, *args)[0]
-
-
-PASS_FLOPS: dict = {}
-
-
-def model_pass_flops(clf: rj.Classifier, x, y) -> tuple[float, float]:
-    """(forward, input gradient) FLOPs per image of ``clf`` at ``x``'s batch, cached per
-    architecture and image shape: the float32 and bfloat16 rows share one count (the same
-    convolutions and products; only the casts differ)."""
-    cache_key = (clf.name, x.shape[1:], tuple(leaf.shape for leaf in jax.tree.leaves(clf.params)))
-    if cache_key in PASS_FLOPS:
-        return PASS_FLOPS[cache_key]
-
-    def loss(images, c):
-        logits = c(images).astype(jnp.float32)
-        return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
-
-    forward = compiled_flops(lambda c, images: c(images), clf, x)
-    gradient = compiled_flops(jax.grad(loss), x, clf)
-    PASS_FLOPS[cache_key] = forward / len(y), gradient / len(y)
-    return PASS_FLOPS[cache_key]
 
 
 def is_out_of_memory(error: BaseException) -> bool:

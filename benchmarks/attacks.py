@@ -27,6 +27,16 @@ CW-L2 runs 5 binary-search steps of 100 Adam steps; torchattacks' CW has no sear
 runs 5 times (c = 0.01 to 100) for the same 500 gradient evaluations. One JSON file per
 model: results/attacks_MODEL.BACKEND.json.
 
+Equal output: a robustjax attack returns its adversarial examples and which of them fool
+the model (one more forward pass, ``AttackResult.success``); torchattacks returns the
+examples only, so its timed call includes the forward pass that tells which fool the
+model. Each row also gives both libraries' achieved GFLOP/s and the machine's peak (a
+jitted 2,048-square float32 matrix product): a library's model FLOPs are its gradient
+and forward passes times the FLOPs XLA's cost analysis counts in one input gradient and
+one forward pass of the model. robustjax's passes come from its ``queries`` (one input
+gradient per query but the last, a forward pass); torchattacks' from its algorithm
+(``Row.peer_passes``) and the check.
+
 An attack is one line of ``ROWS``: its name, ``eps -> robustjax attack`` and
 ``(torch model, eps) -> torchattacks attacks`` (a list, run one after the other).
 """
@@ -48,6 +58,8 @@ import robustjax as rj
 from benchmarks.common import (
     RESULTS,
     machine_facts,
+    matmul_peak_gflops,
+    model_pass_flops,
     report,
     seconds_per_call,
     synchronized,
@@ -73,29 +85,34 @@ CW_CONSTANTS = (0.01, 0.1, 1.0, 10.0, 100.0)
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One benchmarked attack; ``norm`` picks the model's epsilon, ``grid`` runs ``GRID``."""
+    """One benchmarked attack; ``norm`` picks the model's epsilon, ``grid`` runs ``GRID``;
+    ``peer_passes`` counts the model passes torchattacks makes, not the benchmark's check."""
 
     name: str
     ours: Callable[[float], rj.attacks.Attack]
     theirs: Callable[[nn.Module, float], list]
+    peer_passes: tuple[int, int]  # torchattacks' (input gradients, forward passes) per image and epsilon
     norm: str = "linf"
     grid: bool = False
 
 
 ROWS = (
-    Row("fgsm", lambda eps: rj.attacks.FGSM(eps=eps), lambda model, eps: [torchattacks.FGSM(model, eps=eps)]),
-    Row("pgd20_linf", pgd("linf"), torch_pgd(torchattacks.PGD)),
-    Row("pgd20_l2", pgd("l2"), torch_pgd(torchattacks.PGDL2), norm="l2"),
+    Row("fgsm", lambda eps: rj.attacks.FGSM(eps=eps), lambda model, eps: [torchattacks.FGSM(model, eps=eps)], (1, 0)),
+    Row("pgd20_linf", pgd("linf"), torch_pgd(torchattacks.PGD), (STEPS, 0)),
+    Row("pgd20_l2", pgd("l2"), torch_pgd(torchattacks.PGDL2), (STEPS, 0), norm="l2"),
     Row("mifgsm10", lambda eps: rj.attacks.MIFGSM(eps=eps, steps=10, early_stop=False),
-        lambda model, eps: [torchattacks.MIFGSM(model, eps=eps, alpha=eps / 10, steps=10)]),
+        lambda model, eps: [torchattacks.MIFGSM(model, eps=eps, alpha=eps / 10, steps=10)], (10, 0)),
     Row("cw_l2_100x5", lambda eps: rj.attacks.CWL2(binary_search_steps=5, steps=100, abort_early=False),
-        lambda model, eps: [torchattacks.CW(model, c=c, steps=100) for c in CW_CONSTANTS], norm="l2"),
+        lambda model, eps: [torchattacks.CW(model, c=c, steps=100) for c in CW_CONSTANTS],
+        (100 * len(CW_CONSTANTS), 0), norm="l2"),
+    # torchattacks' APGD: a clean forward pass, a gradient at the start and one per step.
     Row("apgd_ce100", lambda eps: rj.attacks.APGD(eps=eps, loss="ce", steps=100),
-        lambda model, eps: [torchattacks.APGD(model, eps=eps, steps=100, loss="ce", n_restarts=1)]),
-    Row("pgd20_linf_grid8", pgd("linf"), torch_pgd(torchattacks.PGD), grid=True),
-    Row("pgd20_linf_early_stop", pgd("linf", early_stop=True), torch_pgd(torchattacks.PGD)),
-    Row("pgd20_l2_early_stop", pgd("l2", early_stop=True), torch_pgd(torchattacks.PGDL2), norm="l2"),
-    Row("pgd20_linf_grid8_nested", pgd("linf", early_stop=True), torch_pgd(torchattacks.PGD), grid=True),
+        lambda model, eps: [torchattacks.APGD(model, eps=eps, steps=100, loss="ce", n_restarts=1)], (101, 1)),
+    Row("pgd20_linf_grid8", pgd("linf"), torch_pgd(torchattacks.PGD), (STEPS, 0), grid=True),
+    Row("pgd20_linf_early_stop", pgd("linf", early_stop=True), torch_pgd(torchattacks.PGD), (STEPS, 0)),
+    Row("pgd20_l2_early_stop", pgd("l2", early_stop=True), torch_pgd(torchattacks.PGDL2), (STEPS, 0), norm="l2"),
+    Row("pgd20_linf_grid8_nested", pgd("linf", early_stop=True), torch_pgd(torchattacks.PGD), (STEPS, 0),
+        grid=True),
 )
 
 
@@ -169,7 +186,17 @@ def timed(call: Callable[[], list], repeats: int) -> tuple[float, float, list]:
     return first, median, outputs[-1]
 
 
-def measure(row: Row, setup: Setup, repeats: int) -> dict:
+def attacked_and_fooled(attacks: list, model: nn.Module, x, y) -> list[tuple]:
+    """torchattacks' adversarial examples, each with the model's verdict on them (fooled or not)."""
+    results = []
+    for attack in attacks:
+        adv = attack(x, y)
+        with torch.no_grad():
+            results.append((adv, model(adv).argmax(1) != y))
+    return synchronized(results)
+
+
+def measure(row: Row, setup: Setup, repeats: int, peak_gflops: float) -> dict:
     """Times one row on one model; success rates come from each library's last timed call."""
     eps = setup.eps[row.norm]
     epsilons = [eps * k for k in GRID] if row.grid else [eps]
@@ -179,10 +206,15 @@ def measure(row: Row, setup: Setup, repeats: int) -> dict:
     x_torch, y_torch = to_nchw(setup.x).to(device), torch.from_numpy(setup.y).long().to(device)
     key = jax.random.key(0)
     first, ours_s, ours_result = timed(lambda: run_ours(ours, epsilons, setup.clf, setup.x, setup.y, key), repeats)
-    _, theirs_s, theirs_adv = timed(lambda: synchronized([attack(x_torch, y_torch) for attack in theirs]), repeats)
-    ours_success = np.mean(ours_result.success)
-    with torch.no_grad():
-        theirs_success = np.mean([setup.twin(adv).argmax(1).cpu().numpy() != setup.y for adv in theirs_adv])
+    _, theirs_s, theirs_out = timed(lambda: attacked_and_fooled(theirs, setup.twin, x_torch, y_torch), repeats)
+    theirs_success = np.mean([fooled.cpu().numpy() for _, fooled in theirs_out])
+    forward, gradient = model_pass_flops(setup.clf, setup.x, setup.y)
+    queries = np.asarray(ours_result.queries, np.float64)  # (epsilons,) batch
+    ours_flops = (queries - 1).clip(0).sum() * gradient + queries.size * forward
+    gradients, forwards = row.peer_passes
+    # An image's passes per epsilon: the attack's (CW's once per constant, already counted) and the check.
+    theirs_flops = len(epsilons) * len(setup.y) * (gradients * gradient + (forwards + len(theirs) // len(epsilons))
+                                                   * forward)
     batch = len(setup.y)
     return {
         "name": row.name,
@@ -191,8 +223,14 @@ def measure(row: Row, setup: Setup, repeats: int) -> dict:
         "peer_images_per_s": batch / theirs_s,
         "ratio": theirs_s / ours_s,
         "robustjax_compile_s": max(first - ours_s, 0.0),
-        "robustjax_success_rate": float(ours_success),
+        "robustjax_success_rate": float(np.mean(ours_result.success)),
         "peer_success_rate": float(theirs_success),
+        "robustjax_mean_queries": float(queries.mean()),
+        "robustjax_gflops": ours_flops / ours_s / 1e9,
+        "peer_gflops": theirs_flops / theirs_s / 1e9,
+        "peak_gflops": peak_gflops,
+        "forward_mflop_per_image": forward / 1e6,
+        "gradient_mflop_per_image": gradient / 1e6,
     }
 
 
@@ -214,10 +252,11 @@ def main() -> None:
     args = parse_arguments()
     rows = [r for r in ROWS if r.name in args.attacks.split(",")]
     facts = machine_facts(("torch", "torchattacks"))
+    peak = matmul_peak_gflops()
     for model in SETUPS if args.model == "all" else (args.model,):
         make_setup, default_batch = SETUPS[model]
         setup = make_setup(args.batch_size or default_batch)
-        results = [measure(row, setup, args.repeats) for row in rows]
+        results = [measure(row, setup, args.repeats, peak) for row in rows]
         settings = {"model": setup.clf.name, "batch_size": len(setup.y), "repeats": args.repeats,
                     "eps": setup.eps, "peer": "torchattacks", "torch_threads": torch.get_num_threads(),
                     "torch_device": torch_device()}

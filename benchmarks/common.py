@@ -95,6 +95,44 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 10, dtype: str = "float3
     return 2 * size**3 / best / 1e9
 
 
+def compiled(fn: Callable, *args) -> tuple[float, float, Callable]:
+    """(FLOPs from XLA's cost analysis of the compiled program, compile seconds, the compiled
+    program) of ``fn(*args)``. The analysis counts the body of a rolled loop once, whatever
+    its trip count."""
+    start = time.perf_counter()
+    program = jax.jit(fn).lower(*args).compile()
+    seconds = time.perf_counter() - start
+    analysis = program.cost_analysis()
+    if isinstance(analysis, list | tuple):  # older jax: one dict per program
+        analysis = analysis[0]
+    return float(analysis.get("flops", 0.0)), seconds, program
+
+
+def compiled_flops(fn: Callable, *args) -> float:
+    return compiled(fn, *args)[0]
+
+
+_PASS_FLOPS: dict = {}
+
+
+def model_pass_flops(clf, x, y) -> tuple[float, float]:
+    """(forward, input gradient) FLOPs per image of classifier ``clf`` at ``x``'s batch,
+    from XLA's cost analysis, cached per architecture and image shape (a float32 and a
+    bfloat16 run share one count: the same convolutions and products)."""
+    import jax.numpy as jnp
+
+    cache_key = (clf.name, x.shape[1:], tuple(leaf.shape for leaf in jax.tree.leaves(clf.params)))
+    if cache_key not in _PASS_FLOPS:
+        def loss(images, c):
+            logits = c(images).astype(jnp.float32)
+            return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
+
+        forward = compiled_flops(lambda c, images: c(images), clf, x)
+        gradient = compiled_flops(jax.grad(loss), x, clf)
+        _PASS_FLOPS[cache_key] = forward / len(y), gradient / len(y)
+    return _PASS_FLOPS[cache_key]
+
+
 def arguments(description: str, batch_size: int) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--batch-size", type=int, default=batch_size)
@@ -105,10 +143,14 @@ def arguments(description: str, batch_size: int) -> argparse.Namespace:
 
 def report(name: str, rows: list[dict], facts: dict, settings: dict, out: Path) -> Path:
     """Prints the table of images/s and ratios, and writes the JSON results."""
-    print(f"{'benchmark':34s} {'robustjax img/s':>16s} {'peer img/s':>11s} {'ratio':>6s} {'compile s':>10s}")
+    flops = all("robustjax_gflops" in row for row in rows)
+    print(f"{'benchmark':34s} {'robustjax img/s':>16s} {'peer img/s':>11s} {'ratio':>6s} {'compile s':>10s}"
+          + (f" {'GFLOP/s: robustjax':>19s} {'peer':>6s} {'peak':>6s}" if flops else ""))
     for row in rows:
         print(f"{row['name']:34s} {row['robustjax_images_per_s']:16.1f} {row['peer_images_per_s']:11.1f} "
-              f"{row['ratio']:6.2f} {row['robustjax_compile_s']:10.2f}")
+              f"{row['ratio']:6.2f} {row['robustjax_compile_s']:10.2f}"
+              + (f" {row['robustjax_gflops']:19.1f} {row['peer_gflops']:6.1f} {row['peak_gflops']:6.0f}"
+                 if flops else ""))
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.{facts['backend']}.json"
     payload = {
