@@ -10,7 +10,9 @@ symmetrically by ``(kernel - 1) // 2`` as PyTorch's (timm's ``tf_efficientnet_*`
 TensorFlow's asymmetric "same" padding instead and do not convert here).
 
 BatchNorm follows torchvision: PyTorch's defaults (eps 1e-5) for B0-B4 and eps 1e-3 with
-momentum 0.01 for B5-B7. Stochastic depth only acts in training and is left out. Layer
+momentum 0.01 for B5-B7. Residual blocks carry torchvision's stochastic depth as an
+inactive drop-path layer (:mod:`robustjax.zoo.drop_path`) whose share of the rate is
+``block / blocks``, torchvision's rule (its default rate is 0.2); training turns it on. Layer
 names follow torchvision (``features.2.1.block.3.0``). The parameter counts equal those of
 RobustART's own EfficientNets (which use other names and eps 1e-5 throughout).
 """
@@ -26,6 +28,7 @@ from jaxtyping import Array, Float
 from robustjax.checks import check_positive_float
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.drop_path import DropPath, residual
 from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.mobilenet_v2 import (
     IMAGENET_MEAN,
@@ -80,11 +83,11 @@ class SqueezeExcitation(nnx.Module):
 
 class MBConv(nnx.Module):
     """``block``: [1x1 expansion, SiLU] (when it changes the width), depthwise (strided) with
-    SiLU, squeeze-excitation, 1x1 projection with BatchNorm only; plus the input when stride
-    is 1 and the width is kept."""
+    SiLU, squeeze-excitation, 1x1 projection with BatchNorm only; plus the input, through
+    ``stochastic_depth``, when stride is 1 and the width is kept."""
 
-    def __init__(self, in_features: int, out_features: int, expand_ratio: int, kernel: int, stride: int, *,
-                 bn_eps: float, bn_momentum: float, rngs: nnx.Rngs):
+    def __init__(self, in_features: int, out_features: int, expand_ratio: int, kernel: int, stride: int,
+                 drop_path_scale: float = 0.0, *, bn_eps: float, bn_momentum: float, rngs: nnx.Rngs):
         expanded = make_divisible(in_features * expand_ratio)
         norm = {"bn_eps": bn_eps, "bn_momentum": bn_momentum, "rngs": rngs}
         self.use_res_connect = stride == 1 and in_features == out_features
@@ -96,10 +99,11 @@ class MBConv(nnx.Module):
             SqueezeExcitation(expanded, max(1, in_features // 4), rngs=rngs),
             conv_bn_act(expanded, out_features, 1, activation=None, **norm),
         )
+        self.stochastic_depth = DropPath(drop_path_scale) if self.use_res_connect else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         out = self.block(x)
-        return x + out if self.use_res_connect else out
+        return residual(x, out, self.stochastic_depth) if self.use_res_connect else out
 
 
 class EfficientNet(nnx.Module):
@@ -124,12 +128,14 @@ class EfficientNet(nnx.Module):
         norm = {"bn_eps": bn_eps, "bn_momentum": bn_momentum, "rngs": rngs}
         in_features = make_divisible(stages[0][3] * width_mult)
         layers = [conv_bn_act(3, in_features, 3, stride=2, activation=jax.nn.silu, **norm)]
+        total_blocks, block_id = sum(math.ceil(stage[5] * depth_mult) for stage in stages), 0
         for expand_ratio, kernel, stride, _, channels, repeats in stages:
             out_features = make_divisible(channels * width_mult)
             blocks = []
             for index in range(math.ceil(repeats * depth_mult)):
                 blocks.append(MBConv(in_features, out_features, expand_ratio, kernel, stride if index == 0 else 1,
-                                     **norm))
+                                     block_id / total_blocks, **norm))
+                block_id += 1
                 in_features = out_features
             layers.append(Sequential(*blocks))
         last_features = 4 * in_features

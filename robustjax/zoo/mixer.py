@@ -19,6 +19,7 @@ from flax import nnx
 from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.drop_path import DropPath, residual
 from robustjax.zoo.vit import (
     INCEPTION_MEAN,
     INCEPTION_STD,
@@ -36,17 +37,21 @@ TOKENS_RATIO, CHANNELS_RATIO = 0.5, 4.0
 
 
 class MixerBlock(nnx.Module):
-    """Token mixing across patches, then channel mixing, each pre-normed and residual."""
+    """Token mixing across patches, then channel mixing, each pre-normed and residual, each
+    branch through a drop-path layer (inactive unless training turns it on). timm's Mixer
+    gives every block the whole drop-path rate (it does not raise it along depth)."""
 
     def __init__(self, features: int, num_tokens: int, *, rngs: nnx.Rngs):
         self.norm1 = layer_norm(features, 1e-6, rngs)
         self.mlp_tokens = Mlp(num_tokens, int(TOKENS_RATIO * features), rngs=rngs)
+        self.drop_path1 = DropPath(1.0)
         self.norm2 = layer_norm(features, 1e-6, rngs)
         self.mlp_channels = Mlp(features, int(CHANNELS_RATIO * features), rngs=rngs)
+        self.drop_path2 = DropPath(1.0)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.mlp_tokens(self.norm1(x).swapaxes(1, 2)).swapaxes(1, 2)
-        return x + self.mlp_channels(self.norm2(x))
+        x = residual(x, self.mlp_tokens(self.norm1(x).swapaxes(1, 2)).swapaxes(1, 2), self.drop_path1)
+        return residual(x, self.mlp_channels(self.norm2(x)), self.drop_path2)
 
 
 class MlpMixer(nnx.Module):

@@ -31,6 +31,7 @@ from jaxtyping import Array, Float
 from robustjax.checks import check_positive_float, check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.drop_path import DropPath, linear_scales, residual
 from robustjax.zoo.vit import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -117,14 +118,17 @@ class WindowAttention(nnx.Module):
 
 
 class SwinTransformerBlock(nnx.Module):
-    """``x + W-MSA(norm1(x))`` (shifted by ``shift`` when nonzero), then ``x + mlp(norm2(x))``."""
+    """``x + W-MSA(norm1(x))`` (shifted by ``shift`` when nonzero), then ``x + mlp(norm2(x))``,
+    each branch through a drop-path layer (inactive unless training turns it on)."""
 
-    def __init__(self, features: int, num_heads: int, window: int, shift: int, mlp_ratio: float, *,
-                 rngs: nnx.Rngs):
+    def __init__(self, features: int, num_heads: int, window: int, shift: int, mlp_ratio: float,
+                 drop_path_scale: float = 0.0, *, rngs: nnx.Rngs):
         self.norm1 = layer_norm(features, LN_EPS, rngs)
         self.attn = WindowAttention(features, num_heads, window, rngs=rngs)
+        self.drop_path1 = DropPath(drop_path_scale)
         self.norm2 = layer_norm(features, LN_EPS, rngs)
         self.mlp = Mlp(features, int(features * mlp_ratio), rngs=rngs)
+        self.drop_path2 = DropPath(drop_path_scale)
         self.window = window
         self.shift = shift
 
@@ -142,8 +146,8 @@ class SwinTransformerBlock(nnx.Module):
         return jnp.roll(out, (shift, shift), axis=(1, 2)) if shift else out
 
     def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h w c"]:
-        x = x + self._attention(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = residual(x, self._attention(self.norm1(x)), self.drop_path1)
+        return residual(x, self.mlp(self.norm2(x)), self.drop_path2)
 
 
 class PatchMerging(nnx.Module):
@@ -164,18 +168,19 @@ class PatchMerging(nnx.Module):
 
 
 class SwinTransformerStage(nnx.Module):
-    """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows."""
+    """Optional patch merging, then blocks alternating plain and shifted windows, one per
+    entry of ``drop_path_scales``."""
 
-    def __init__(self, in_features: int, features: int, resolution: int, depth: int, num_heads: int,
-                 window: int, mlp_ratio: float, *, downsample: bool, rngs: nnx.Rngs):
+    def __init__(self, in_features: int, features: int, resolution: int, drop_path_scales: list[float],
+                 num_heads: int, window: int, mlp_ratio: float, *, downsample: bool, rngs: nnx.Rngs):
         self.downsample = PatchMerging(in_features, rngs=rngs) if downsample else None
         # timm: a grid no larger than the window is one unshifted window of the grid's size.
         shift = window // 2 if resolution > window else 0
         window = min(window, resolution)
         self.blocks = nnx.List([
-            SwinTransformerBlock(features, num_heads, window, shift if i % 2 else 0, mlp_ratio,
+            SwinTransformerBlock(features, num_heads, window, shift if i % 2 else 0, mlp_ratio, scale,
                                  rngs=rngs)
-            for i in range(depth)
+            for i, scale in enumerate(drop_path_scales)
         ])
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -197,7 +202,8 @@ class ClassifierHead(nnx.Module):
 
 
 class SwinTransformer(nnx.Module):
-    """Patch embedding with LayerNorm, stages of widths ``embed_dim * 2^i``, LayerNorm, head."""
+    """Patch embedding with LayerNorm, stages of widths ``embed_dim * 2^i``, LayerNorm, head.
+    Drop-path rates rise linearly over all blocks of all stages (timm's rule)."""
 
     def __init__(self, *, img_size: int, patch_size: int, window_size: int, embed_dim: int,
                  depths: tuple[int, ...], num_heads: tuple[int, ...], mlp_ratio: float,
@@ -205,11 +211,13 @@ class SwinTransformer(nnx.Module):
         self.patch_embed = PatchEmbed(3, embed_dim, patch_size, flatten=False, norm_epsilon=LN_EPS,
                                       rngs=rngs)
         resolution, features, stages = img_size // patch_size, embed_dim, []
+        scales = linear_scales(sum(depths))
         for i, (depth, heads) in enumerate(zip(depths, num_heads)):
             if i:
                 resolution = (resolution + 1) // 2
             stage_features = embed_dim * 2**i
-            stages.append(SwinTransformerStage(features, stage_features, resolution, depth, heads,
+            stage_scales, scales = scales[:depth], scales[depth:]
+            stages.append(SwinTransformerStage(features, stage_features, resolution, stage_scales, heads,
                                                window_size, mlp_ratio, downsample=i > 0, rngs=rngs))
             features = stage_features
         self.layers = nnx.List(stages)

@@ -31,6 +31,7 @@ from jaxtyping import Array, Float
 from robustjax.checks import check_positive_float, check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.zoo.convert import TorchWeights
+from robustjax.zoo.drop_path import DropPath, linear_scales, residual
 from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 
@@ -114,17 +115,21 @@ class Attention(nnx.Module):
 
 
 class Block(nnx.Module):
-    """Pre-norm transformer block: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``."""
+    """Pre-norm transformer block: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``, each
+    branch through a drop-path layer (inactive unless training turns it on)."""
 
-    def __init__(self, features: int, num_heads: int, mlp_ratio: float, *, rngs: nnx.Rngs):
+    def __init__(self, features: int, num_heads: int, mlp_ratio: float, drop_path_scale: float = 0.0, *,
+                 rngs: nnx.Rngs):
         self.norm1 = layer_norm(features, 1e-6, rngs)
         self.attn = Attention(features, num_heads, rngs=rngs)
+        self.drop_path1 = DropPath(drop_path_scale)
         self.norm2 = layer_norm(features, 1e-6, rngs)
         self.mlp = Mlp(features, int(features * mlp_ratio), rngs=rngs)
+        self.drop_path2 = DropPath(drop_path_scale)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = residual(x, self.attn(self.norm1(x)), self.drop_path1)
+        return residual(x, self.mlp(self.norm2(x)), self.drop_path2)
 
 
 class PreLogits(nnx.Module):
@@ -139,7 +144,8 @@ class PreLogits(nnx.Module):
 
 class VisionTransformer(nnx.Module):
     """Patch embedding, class token, position embedding, ``depth`` pre-norm blocks, final
-    LayerNorm, class-token pooling, optional pre-logits layer, linear head."""
+    LayerNorm, class-token pooling, optional pre-logits layer, linear head. Drop-path rates
+    rise linearly over the blocks (timm's rule)."""
 
     def __init__(self, *, img_size: int, patch_size: int, embed_dim: int, depth: int,
                  num_heads: int, mlp_ratio: float, num_classes: int,
@@ -148,8 +154,8 @@ class VisionTransformer(nnx.Module):
         self.patch_embed = PatchEmbed(3, embed_dim, patch_size, flatten=True, rngs=rngs)
         self.cls_token = nnx.Param(nnx.initializers.normal(1e-6)(rngs.params(), (1, 1, embed_dim)))
         self.pos_embed = nnx.Param(trunc_normal(rngs.params(), (1, num_patches + 1, embed_dim)))
-        self.blocks = nnx.List([Block(embed_dim, num_heads, mlp_ratio, rngs=rngs)
-                                for _ in range(depth)])
+        self.blocks = nnx.List([Block(embed_dim, num_heads, mlp_ratio, scale, rngs=rngs)
+                                for scale in linear_scales(depth)])
         self.norm = layer_norm(embed_dim, 1e-6, rngs)
         self.pre_logits = (None if representation_size is None
                            else PreLogits(embed_dim, representation_size, rngs=rngs))
