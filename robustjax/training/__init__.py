@@ -7,8 +7,9 @@
     rj.training.save_trained("run/", result, model="digits_cnn", recipe=recipe, techniques=techniques)
 
 Modules: ``techniques`` (names and which combine), ``recipe`` (the aligned recipe and its
-optax optimizer), ``mixing`` (Mixup, CutMix, AugMix), ``model`` (a classifier's training
-and attack modes), ``step`` (the jitted step), ``loop`` (batches, sharding, checkpoints,
+optax optimizer), ``augment`` (RobustART's and CIFAR's per-image augmentation), ``mixing``
+(Mixup, CutMix, AugMix), ``model`` (a classifier's training, drop-path and attack modes),
+``step`` (the jitted step), ``loop`` (batches, sharding, checkpoints,
 metrics log), ``output`` (the trained weights and card ``zoo.create(..., weights=)`` reads).
 """
 

@@ -86,7 +86,7 @@ def train(classifier: Classifier, dataset: ImageDataset, out: str | Path, recipe
                          f"use a multiple of {len(devices)}")
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    model = TrainModel.from_classifier(classifier, dropout="dropout" in techniques)
+    model = TrainModel.from_classifier(classifier, dropout="dropout" in techniques, drop_path=recipe.drop_path_rate)
     num_examples = dataset.num_examples
     total = recipe.total_steps(num_examples)
     schedule = recipe.schedule(num_examples)

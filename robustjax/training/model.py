@@ -2,7 +2,7 @@
 statistics and the rest of its state, and pure forward passes in each mode.
 
 Training-mode passes normalise with each batch's statistics and update the running ones;
-with dropout on, each pass draws its masks from the key it is given. Attacks see the
+with dropout or drop-path on, each pass draws its masks from the key it is given. Attacks see the
 network as a :class:`~robustjax.Classifier`: in eval mode (running statistics, as RobustART
 makes its training examples) or with batch statistics (as Madry et al. do).
 """
@@ -17,6 +17,7 @@ import jax
 from flax import nnx
 
 from robustjax.classifier import Classifier, NNXLogits
+from robustjax.zoo.drop_path import DropPath
 
 State = Any
 
@@ -44,27 +45,39 @@ class TrainModel:
 
     classifier: Classifier  # eval form, initial weights
     train_graphdef: Any
-    attack_graphdef: Any  # batch-statistics mode, dropout off
+    attack_graphdef: Any  # batch-statistics mode, dropout and drop-path off
     prepare: Callable
     wrap: Callable
     has_dropout: bool
     dropout: bool
+    drop_path: float  # the network's drop-path rate in training (0: off)
 
     @classmethod
-    def from_classifier(cls, classifier: Classifier, *, dropout: bool = False) -> TrainModel:
+    def from_classifier(cls, classifier: Classifier, *, dropout: bool = False, drop_path: float = 0.0) -> TrainModel:
+        """``dropout``: the model's dropout layers active in training; ``drop_path``: its
+        drop-path layers' rate (each layer's share of it, see :mod:`robustjax.zoo.drop_path`)."""
         graphdef, prepare, wrap = _unwrap(classifier.apply_fn)
         module = nnx.merge(graphdef, classifier.params)
-        has_dropout = any(isinstance(m, nnx.Dropout) for _, m in nnx.iter_modules(module))
+        layers = [m for _, m in nnx.iter_modules(module)]
+        has_dropout = any(isinstance(m, nnx.Dropout) for m in layers)
         if dropout and not has_dropout:
             raise ValueError(f"technique 'dropout' needs dropout layers, and {classifier.name} has none")
-        train = nnx.view(module, deterministic=not dropout, use_running_average=False, raise_if_not_found=False)
-        attack = nnx.view(module, deterministic=True, use_running_average=False, raise_if_not_found=False)
-        return cls(classifier, nnx.graphdef(train), nnx.graphdef(attack), prepare, wrap, has_dropout, dropout)
+        if not 0.0 <= drop_path < 1.0:
+            raise ValueError(f"the drop-path rate must lie in [0, 1), got {drop_path}")
+        if drop_path and not any(isinstance(m, DropPath) for m in layers):
+            raise ValueError(f"technique 'drop_path' needs drop-path (stochastic depth) layers, and {classifier.name} "
+                             "has none; the zoo's vit, deit, swin, mlp_mixer and efficientnet models have them")
+        train = nnx.view(module, deterministic=not dropout, use_running_average=False, drop_path_rate=drop_path,
+                         raise_if_not_found=False)
+        attack = nnx.view(module, deterministic=True, use_running_average=False, drop_path_rate=0.0,
+                          raise_if_not_found=False)
+        return cls(classifier, nnx.graphdef(train), nnx.graphdef(attack), prepare, wrap, has_dropout, dropout,
+                   drop_path)
 
     def _key(self) -> tuple:
         c = self.classifier
-        return (self.train_graphdef, self.attack_graphdef, self.dropout, c.apply_fn, c.num_classes, c.input_shape,
-                c.mean, c.std)
+        return (self.train_graphdef, self.attack_graphdef, self.dropout, self.drop_path, c.apply_fn, c.num_classes,
+                c.input_shape, c.mean, c.std)
 
     def __eq__(self, other) -> bool:  # the weights are not part of the identity: one compile per architecture
         return isinstance(other, TrainModel) and self._key() == other._key()
@@ -83,17 +96,17 @@ class TrainModel:
     def train_logits(self, params, stats, other, x_normalised, key) -> tuple[jax.Array, State]:
         """Logits in training mode and the updated batch statistics."""
         module = nnx.merge(self.train_graphdef, params, stats, other, copy=True)
-        if self.dropout:
+        if self.dropout or self.drop_path:
             for i, (_, sub) in enumerate(nnx.iter_modules(module)):
-                if isinstance(sub, nnx.Dropout):
+                if isinstance(sub, (nnx.Dropout, DropPath)):
                     sub.rngs = nnx.Rngs(dropout=jax.random.fold_in(key, i))["dropout"]
         logits = module(self.prepare(x_normalised))
         return logits, nnx.state(module, nnx.BatchStat)
 
     def eval_classifier(self, state: State) -> Classifier:
-        """The network in eval mode (running statistics, no dropout)."""
+        """The network in eval mode (running statistics, no dropout or drop-path)."""
         return self.classifier.replace(params=state)
 
     def batch_stats_classifier(self, state: State) -> Classifier:
-        """The network normalising with each batch's statistics, dropout off."""
+        """The network normalising with each batch's statistics, dropout and drop-path off."""
         return self.classifier.replace(params=state, apply_fn=self.wrap(self.attack_graphdef), features_fn=None)

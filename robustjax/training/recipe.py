@@ -6,8 +6,8 @@ exprs/robust_baseline_exp): CNNs train with SGD (Nesterov, momentum 0.9, weight 
 cosine-decayed to 0 over the rest of 100 epochs, batch 512, label smoothing 0.1 and an
 exponential moving average of the weights (decay 0.9999). ViT/DeiT train with AdamW
 (weight decay 0.05, warm-up 1e-5 -> 5e-4, cosine to 1e-5), MLP-Mixer likewise with warm-up
-1e-6 -> 1e-3. The baseline's image augmentation (random resized crop, flip, colour jitter)
-is not part of this recipe: images are trained on as the dataset gives them.
+1e-6 -> 1e-3. The baseline's image augmentation is ``STANDARD`` (random resized crop, flip,
+colour jitter; :mod:`robustjax.training.augment`), applied inside the training step.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import dataclasses
 import optax
 
 from robustjax.checks import check_positive_int
-from robustjax.training.techniques import Techniques
+from robustjax.training.augment import check_augmentation
+from robustjax.training.techniques import DROP_PATH_RATE, Techniques
 
 OPTIMIZERS = ("sgd", "adamw")
 
@@ -30,7 +31,10 @@ class Recipe:
     warm-up lasts ``warmup_epochs`` (at most half the run). The moving average's decay at
     update ``t`` (from 0) is ``min(ema_decay, (1 + t) / (10 + t))``, the warm-up of
     TensorFlow's ``ExponentialMovingAverage(num_updates=t)``: without it a short run's average
-    at 0.9999 would stay at the initial weights.
+    at 0.9999 would stay at the initial weights. ``augment`` names the per-image training
+    augmentation (``"none"`` here; :func:`aligned` chooses it per model family);
+    ``drop_path_rate`` is the network's stochastic-depth rate (0: off; the ``drop_path``
+    technique's is 0.1).
     """
 
     optimizer: str = "sgd"
@@ -46,6 +50,8 @@ class Recipe:
     weight_decay: float = 1e-4
     label_smoothing: float = 0.1
     ema_decay: float | None = 0.9999
+    augment: str = "none"
+    drop_path_rate: float = 0.0
     seed: int = 0
 
     def __post_init__(self):
@@ -62,6 +68,9 @@ class Recipe:
             raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             raise ValueError(f"ema_decay must lie in (0, 1) or be None (no EMA), got {self.ema_decay}")
+        check_augmentation(self.augment)
+        if not 0 <= self.drop_path_rate < 1:
+            raise ValueError(f"drop_path_rate must lie in [0, 1), got {self.drop_path_rate}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
 
@@ -91,22 +100,37 @@ class Recipe:
 
 
 VIT_FAMILIES = ("vit", "deit", "swin")
-MIXER_FAMILIES = ("mixer",)
+MIXER_FAMILIES = ("mlp_mixer", "mixer")
+# Augmentation by family: RobustART's STANDARD for the ImageNet-scale zoo, the CIFAR one for
+# CIFAR networks; none for the digits and NAS networks (the bundled spaces train on digits,
+# which a flip would turn into other symbols) and for families not listed here.
+STANDARD_FAMILIES = ("resnet", "regnetx", "efficientnet", "mobilenet_v2", "mobilenet_v3", "shufflenet_v2",
+                     "densenet", "repvgg", *VIT_FAMILIES, *MIXER_FAMILIES)
+CIFAR_FAMILIES = ("resnet_cifar", "cifar_resnet", "wide_resnet")
+
+
+def default_augment(family: str) -> str:
+    """The training augmentation a model family gets by default (see the families above)."""
+    family = family.lower()
+    return "standard" if family in STANDARD_FAMILIES else "pad_crop_flip" if family in CIFAR_FAMILIES else "none"
 
 
 def aligned(family: str, techniques: Techniques = Techniques(), **overrides) -> Recipe:
     """RobustART's aligned recipe for a model family (SGD for CNNs, AdamW for ViT-like and
-    Mixer models), with the switches of ``techniques`` applied, then ``overrides``."""
-    fields: dict = {}
+    Mixer models; the family's augmentation, :func:`default_augment`), with the switches of
+    ``techniques`` applied, then ``overrides`` (any :class:`Recipe` fields)."""
+    fields: dict = {"augment": default_augment(family)}
     family = family.lower()
     if any(family.startswith(f) for f in MIXER_FAMILIES):
-        fields = dict(optimizer="adamw", weight_decay=0.05, warmup_from=1e-6, learning_rate=1e-3,
+        fields.update(optimizer="adamw", weight_decay=0.05, warmup_from=1e-6, learning_rate=1e-3,
                       final_learning_rate=1e-5)
     elif any(family.startswith(f) for f in VIT_FAMILIES) or "adamw" in techniques:
-        fields = dict(optimizer="adamw", weight_decay=0.05, warmup_from=1e-5, learning_rate=5e-4,
+        fields.update(optimizer="adamw", weight_decay=0.05, warmup_from=1e-5, learning_rate=5e-4,
                       final_learning_rate=1e-5)
     if "no_label_smoothing" in techniques:
         fields["label_smoothing"] = 0.0
     if "no_ema" in techniques:
         fields["ema_decay"] = None
+    if "drop_path" in techniques:
+        fields["drop_path_rate"] = DROP_PATH_RATE
     return Recipe(**{**fields, **overrides})

@@ -1,6 +1,7 @@
-"""The training step: one jitted program that makes the step's batch (adversarial examples
-with robustjax's own attacks, mixed or AugMix images), computes the loss, updates the
-weights with optax and the moving average of the weights.
+"""The training step: one jitted program that augments the images (the recipe's
+augmentation), makes the step's batch from them (adversarial examples with robustjax's own
+attacks, mixed or AugMix images), computes the loss, updates the weights with optax and the
+moving average of the weights.
 
 Every random draw of a step is a function of (seed, step), so a step is the same whether
 the run was interrupted before it or not.
@@ -18,13 +19,14 @@ import optax
 
 from robustjax.attacks import PGD
 from robustjax.classifier import Classifier
-from robustjax.training import mixing
+from robustjax.training import augment, mixing
 from robustjax.training.model import TrainModel
 from robustjax.training.recipe import Recipe
 from robustjax.training.techniques import Techniques
 
 TRADES_BETA = 6.0
 AUGMIX_JSD_WEIGHT = 12.0
+AUGMENT_STREAM = 1  # the augmentation's key: fold_in(step key, 1); the step key itself splits for the rest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +140,10 @@ def make_step(model: TrainModel, recipe: Recipe, techniques: Techniques, num_exa
     """The optimizer of ``recipe`` and the jitted ``step(state, x, y, seed_key) -> (state,
     metrics)`` for ``x`` in [0, 1] (cached: runs of one architecture and settings in a
     process share the compiled step)."""
+    if ("drop_path" in techniques) != (recipe.drop_path_rate > 0) or model.drop_path != recipe.drop_path_rate:
+        raise ValueError(f"technique 'drop_path' and a recipe drop_path_rate > 0 go together, and the model's drop-path "
+                         f"rate is the recipe's: got techniques {techniques}, drop_path_rate {recipe.drop_path_rate}, "
+                         f"model rate {model.drop_path} (training.aligned sets the technique's rate)")
     optimizer = recipe.make_optimizer(num_examples)
     clf0 = model.classifier
     k = clf0.num_classes
@@ -184,6 +190,7 @@ def make_step(model: TrainModel, recipe: Recipe, techniques: Techniques, num_exa
     @jax.jit
     def step(state: TrainState, x, y, seed_key):
         key = jax.random.fold_in(seed_key, state.step)
+        x = augment.augment(recipe.augment, jax.random.fold_in(key, AUGMENT_STREAM), x)
         (loss, (logits, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.stats, state.other, x, y, key)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

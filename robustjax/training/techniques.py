@@ -33,11 +33,15 @@ TECHNIQUES: dict[str, tuple[str, str]] = {
     "no_ema": ("switch", "keep the last weights (the baseline keeps an exponential moving average, decay 0.9999)"),
     "adamw": ("switch", "AdamW (weight decay 0.05, RobustART's ViT settings) instead of SGD for a CNN"),
     "dropout": ("switch", "the model's dropout layers active in training (the baseline trains without)"),
+    "drop_path": ("switch", "Huang et al. 2016, stochastic depth: in training each residual branch dropped per "
+                            "example, at rate 0.1 (spread along depth by timm's rule for the model), as RobustART's "
+                            "ViT-B/16 and Mixer-B/16 'withdrop' (the baseline trains without)"),
     "reparam": ("switch", "RepVGG: write the re-parameterised deploy form (one 3x3 conv per block) of the trained "
                           "network"),
 }
 ADVERSARIAL = ("pgd_at", "madry", "trades", "fast_at")
 MIXING = ("mixup", "cutmix")  # these two combine with each other: RobustART's "augmentation"
+DROP_PATH_RATE = 0.1  # the drop_path technique's rate (the recipe's drop_path_rate overrides it)
 
 
 @dataclasses.dataclass(frozen=True)
