@@ -146,8 +146,8 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
                        "(all of a file or folder is trained on) (default: %(default)s)")
     train.add_argument("--split", default="train", help="split to train on (default: %(default)s)")
     train.add_argument("--technique", default="", help="comma-separated techniques: pgd_at, madry, trades, fast_at, "
-                       "mixup, cutmix, augmix, no_label_smoothing, no_ema, adamw, dropout, reparam (default: none, "
-                       "the baseline recipe)")
+                       "mixup, cutmix, augmix, no_label_smoothing, no_ema, adamw, dropout, drop_path, reparam (default: "
+                       "none, the baseline recipe)")
     train.add_argument("--out", required=True, help="folder for checkpoints/, metrics.jsonl, weights/ and card.json; "
                        "a rerun of the same command resumes from its checkpoints")
     length = train.add_mutually_exclusive_group()
@@ -155,6 +155,13 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     length.add_argument("--epochs", type=float, help="passes over the training set (default: the recipe's 100)")
     train.add_argument("--batch-size", type=int, help="examples per step, over all devices (default: 512)")
     train.add_argument("--learning-rate", type=float, help="peak learning rate (default: the recipe's)")
+    train.add_argument("--augment", choices=("standard", "pad_crop_flip", "none"), help="per-image augmentation "
+                       "inside the training step: standard (RobustART's random resized crop, flip and colour "
+                       "jitter), pad_crop_flip (CIFAR's 4-pixel pad, random crop and flip) or none (default: "
+                       "standard for ImageNet-scale zoo families, pad_crop_flip for CIFAR ones, none for the digits "
+                       "and NAS networks)")
+    train.add_argument("--drop-path-rate", type=float, help="with technique drop_path: the stochastic-depth rate "
+                       "(default: 0.1, RobustART's)")
     train.add_argument("--seed", type=int, default=0, help="seed of the initial weights, batches and attacks "
                        "(default: %(default)s)")
     train.add_argument("--attack-eps", type=float, help="linf radius of the adversarial-training attack "

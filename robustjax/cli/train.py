@@ -50,13 +50,15 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     dataset = training_dataset(args.dataset, args.split, data_dir=args.data_dir, image_size=args.image_size,
                                num_classes=args.num_classes)
     overrides = {k: v for k, v in (("steps", args.steps), ("epochs", args.epochs), ("batch_size", args.batch_size),
-                                   ("learning_rate", args.learning_rate)) if v is not None}
+                                   ("learning_rate", args.learning_rate), ("augment", args.augment),
+                                   ("drop_path_rate", args.drop_path_rate)) if v is not None}
     recipe = training.aligned(entry.family, techniques, seed=args.seed, **overrides)
     classifier = zoo.create(args.model, pretrained=False, key=jax.random.key(args.seed), **build_kwargs)
     if not args.quiet:
         console.print(f"training {classifier.name} on {dataset.name} ({dataset.num_examples} examples) with "
                       f"{techniques}: {recipe.total_steps(dataset.num_examples)} steps of {recipe.batch_size}, "
-                      f"{recipe.optimizer}, {len(jax.local_devices())} device(s)", highlight=False)
+                      f"{recipe.optimizer}, augmentation {recipe.augment}, {len(jax.local_devices())} device(s)",
+                      highlight=False)
     with TrainDisplay(console, quiet=args.quiet, every=args.log_every) as display:
         try:
             result = training.train(classifier, dataset, args.out, recipe, techniques, attack_eps=args.attack_eps,
