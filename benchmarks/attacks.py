@@ -179,11 +179,15 @@ def run_ours(attack, epsilons, clf, x, y, key) -> rj.attacks.AttackResult:
     return jax.block_until_ready(attack(clf, x, y, key=key))
 
 
-def timed(call: Callable[[], list], repeats: int) -> tuple[float, float, list]:
+def timed(call: Callable[[], object], repeats: int) -> tuple[float, float, object]:
     """``seconds_per_call`` that also returns the last call's output."""
-    outputs = []
-    first, median = seconds_per_call(lambda: outputs.append(call()), repeats)
-    return first, median, outputs[-1]
+    last = []
+
+    def keep():
+        last[:] = [call()]
+
+    first, median = seconds_per_call(keep, repeats)
+    return first, median, last[0]
 
 
 def attacked_and_fooled(attacks: list, model: nn.Module, x, y) -> list[tuple]:

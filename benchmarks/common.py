@@ -6,6 +6,7 @@ import argparse
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import statistics
@@ -65,17 +66,25 @@ def synchronized(value):
     return value
 
 
-def seconds_per_call(call: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """(first call, median of ``repeats`` later calls) in seconds; ``call`` must block."""
-    start = time.perf_counter()
-    call()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
+def seconds_per_call(call: Callable[[], object], repeats: int, min_sample_s: float = 0.1) -> tuple[float, float]:
+    """(first call, median of ``repeats`` samples of the seconds per later call); ``call``
+    must block. A call shorter than ``min_sample_s`` is timed over enough calls in a row to
+    last that long, so the timer's and the scheduler's noise stay small beside a sample."""
+
+    def seconds(calls: int) -> float:
         start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+        for _ in range(calls):
+            call()
+        return (time.perf_counter() - start) / calls
+
+    first = seconds(1)
+    if repeats < 1:
+        return first, first
+    probe = seconds(1)
+    calls = max(1, math.ceil(min_sample_s / max(probe, 1e-9)))
+    samples = [probe] if calls == 1 else []
+    samples += [seconds(calls) for _ in range(repeats - len(samples))]
+    return first, statistics.median(samples)
 
 
 def matmul_peak_gflops(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
