@@ -163,6 +163,15 @@ def test_commands_that_cannot_train_refuse_a_training_plan(tmp_path, capsys):
     assert not (tmp_path / "s.sqlite").exists()
 
 
+def test_techniques_a_model_has_no_layers_for_are_refused_before_any_training(tmp_path):
+    """The baseline comes first in the grid, yet nothing trains: digits_mlp has no
+    drop-path layers, and the grid says so before the sweep starts."""
+    table = {"techniques": ["baseline", "drop_path"], "steps": 24, "batch_size": 32}
+    run = plan_from_dict({"attacks": [{"name": "fgsm", "eps": 0.1}], "training": table}).training
+    with pytest.raises(ValueError, match="technique 'drop_path' needs drop-path"):
+        trained.grid(["digits_mlp"], run, "digits")
+
+
 def test_another_recipe_is_another_network(tmp_path):
     """Ids hash the resolved training settings: any recipe change, or the attack's settings
     of an adversarial technique, makes new networks; the same settings keep their ids, and

@@ -25,6 +25,7 @@ from robustjax import training, zoo
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation.plan import TrainingRun
+from robustjax.training.model import TrainModel
 from robustjax.training.output import check_model_for, trained_name
 
 CARD = "card.json"
@@ -64,7 +65,8 @@ class TrainedNetwork:
 def grid(models: Sequence[str], run: TrainingRun, dataset: str) -> list[TrainedNetwork]:
     """Every model with every technique set of ``run`` (the training data ``dataset`` unless
     ``run`` names one), model by model. Models that are not in the zoo, and techniques a
-    model cannot take, are refused here, before any training."""
+    model cannot take (``reparam`` of a non-RepVGG, ``dropout`` or ``drop_path`` without
+    such layers), are refused here, before any training."""
     networks = []
     for model in models:
         if ":" in model:
@@ -73,8 +75,12 @@ def grid(models: Sequence[str], run: TrainingRun, dataset: str) -> list[TrainedN
         family = zoo.get_entry(model).family
         for techniques in run.techniques:
             check_model_for(model, techniques)
-            networks.append(TrainedNetwork(model, techniques, run.recipe_for(family, techniques),
-                                           run.dataset or dataset, run.split, run.attack_eps, run.attack_steps))
+            recipe = run.recipe_for(family, techniques)
+            if "dropout" in techniques or recipe.drop_path_rate:  # refused here if the model lacks the layers
+                TrainModel.from_classifier(zoo.create(model, pretrained=False), dropout="dropout" in techniques,
+                                           drop_path=recipe.drop_path_rate)
+            networks.append(TrainedNetwork(model, techniques, recipe, run.dataset or dataset, run.split,
+                                           run.attack_eps, run.attack_steps))
     return networks
 
 
