@@ -3,6 +3,7 @@ import json
 import pytest
 
 import robustjax as rj
+from robustjax.builtin_plans import evaluation_plans
 from robustjax.cli import main
 from robustjax.evaluation.plan import builtin_plans, default_plan, load_plan, plan_from_dict
 
@@ -72,6 +73,8 @@ def test_builtin_plans_load_by_name():
         assert load_plan(name).runs
     whitebox = {run.attack.name for run in load_plan("whitebox").runs}
     assert whitebox >= {"fgsm", "pgd", "mifgsm", "cw_l2", "deepfool"}
+    # `robustjax evaluate --help` offers the plans it runs: not the technique grid, which trains for a sweep.
+    assert "techniques" in builtin_plans() and set(builtin_plans()) - set(evaluation_plans()) == {"techniques"}
 
 
 @pytest.mark.parametrize("name", builtin_plans())

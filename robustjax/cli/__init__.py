@@ -25,7 +25,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.markup import escape
 
-from robustjax.builtin_plans import builtin_plans
+from robustjax.builtin_plans import builtin_plans, evaluation_plans
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE
 
 DEFAULT_MODEL = "digits_cnn"
@@ -67,7 +67,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--dataset", default=DEFAULT_DATASET,
                     help="digits, tfds:NAME, a .npz file or an image folder (default: %(default)s)")
     ev.add_argument("--split", default="test", help="dataset split (default: %(default)s)")
-    ev.add_argument("--plan", help=f"TOML or JSON plan file, or a built-in plan: {', '.join(builtin_plans())} "
+    ev.add_argument("--plan", help=f"TOML or JSON plan file, or a built-in plan: {', '.join(evaluation_plans())} "
                     "(default: digits for the digits, default otherwise)")
     ev.add_argument("--weights", help="folder of converted weights for a zoo model (see `zoo convert`)")
     ev.add_argument("--random-weights", action="store_true", help="evaluate a zoo model with random initial "
