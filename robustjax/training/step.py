@@ -95,7 +95,7 @@ def jensen_shannon(*logits: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class KLObjective:
     """``apply_fn`` under which PGD's cross-entropy ascends TRADES' KL: two logits
-    ``[KL(p_clean || p(x)), 0]``, label 0, so the cross-entropy is ``softplus(KL)``, an
+    ``[0, KL(p_clean || p(x))]``, label 0, so the cross-entropy is ``softplus(KL)``, an
     increasing function of the KL whose gradient is the KL's times a positive factor per
     example; linf steps follow its sign, so the iterates are those of an ascent on the KL."""
 
@@ -103,7 +103,7 @@ class KLObjective:
 
     def __call__(self, params, x):
         network, clean_logits = params
-        return jnp.stack([kl_divergence(clean_logits, self.inner(network, x)), jnp.zeros(x.shape[0])], axis=-1)
+        return jnp.stack([jnp.zeros(x.shape[0]), kl_divergence(clean_logits, self.inner(network, x))], axis=-1)
 
 
 def trades_classifier(classifier: Classifier, clean_logits: jax.Array) -> Classifier:
