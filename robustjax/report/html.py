@@ -191,27 +191,35 @@ def _attacks(report: dict, gallery) -> str:
     return "".join(parts)
 
 
+def _severity_heatmap(results: list[dict], severities: list[int], name: str, caption: str) -> str:
+    """A figure of top-1 accuracy per corruption (rows, in the order first met) and severity."""
+    names = list(dict.fromkeys(r["name"] for r in results))
+    grid = np.full((len(names), len(severities)), np.nan)
+    for r in results:
+        grid[names.index(r["name"]), severities.index(r["severity"])] = r["accuracy"]
+    return figure(plots.heatmap(grid, names, [str(s) for s in severities], xlabel="severity", ylabel="corruption",
+                                colorbar="accuracy", name=name), caption)
+
+
+def _ce_table(per_corruption: list[dict], baseline: str | None) -> str:
+    """Each corruption's mean error, corruption error and relative CE against ``baseline``."""
+    rows = [[escape(c["name"]), escape(c["family"]), percent(c["mean_error"]), percent(c.get("ce")),
+             percent(c.get("relative_ce"))] for c in per_corruption]
+    ce = "CE" if baseline is None else f"CE (vs {escape(baseline)})"
+    return table(["corruption", "family", "mean error", ce, "relative CE"], rows, numeric={2, 3, 4})
+
+
 def _corruptions(report: dict, gallery) -> str:
     section = report["corruptions"]
     if (failed := _failed(section)) is not None:
         return failed
     parts = [_partial(report, section)]
-    names = list(dict.fromkeys(r["name"] for r in section["results"]))
-    severities = section["severities"]
-    if names:
-        grid = np.full((len(names), len(severities)), np.nan)
-        for r in section["results"]:
-            grid[names.index(r["name"]), severities.index(r["severity"])] = r["accuracy"]
-        parts.append(figure(plots.heatmap(grid, names, [str(s) for s in severities], xlabel="severity",
-                                           ylabel="corruption", colorbar="accuracy", name="corruptions"),
-                             f"Top-1 accuracy (%) per corruption and severity ({escape(section['preset'])} constants)."))
-    baseline = section.get("baseline")
-    rows = [[escape(c["name"]), escape(c["family"]), percent(c["mean_error"]), percent(c.get("ce")), percent(c.get("relative_ce"))]
-            for c in section.get("per_corruption", [])]
-    if rows:
-        ce = "CE" if baseline is None else f"CE (vs {escape(baseline)})"
-        parts.append(table(["corruption", "family", "mean error", ce, "relative CE"], rows,
-                            numeric={2, 3, 4}))
+    if section["results"]:
+        parts.append(_severity_heatmap(section["results"], section["severities"], "corruptions",
+                                       f"Top-1 accuracy (%) per corruption and severity ({escape(section['preset'])} "
+                                       "constants)."))
+    if section.get("per_corruption"):
+        parts.append(_ce_table(section["per_corruption"], section.get("baseline")))
     if section.get("mean_error") is not None:
         parts.append(f"<p>Mean error {percent(section['mean_error'])}; mCE {percent(section.get('mce'))}, relative mCE "
                      f"{percent(section.get('relative_mce'))} (CE: summed errors over the baseline's, Hendrycks &amp; "
@@ -284,19 +292,13 @@ def _natural_shift(report: dict, gallery) -> str:
                      "score minus the maximum softmax probability (over ImageNet-O's 200 classes for ImageNet-O); "
                      "AUROC and AUPR higher, FPR lower is better.</p>")
     for entry in (e for e in results if e["kind"] == "corruptions"):
-        names = list(dict.fromkeys(r["name"] for r in entry["results"]))
-        severities = sorted({r["severity"] for r in entry["results"]})
-        grid = np.full((len(names), len(severities)), np.nan)
-        for r in entry["results"]:
-            grid[names.index(r["name"]), severities.index(r["severity"])] = r["accuracy"]
         parts.append(f"<h3>{escape(entry['name'])}</h3>")
-        parts.append(figure(plots.heatmap(grid, names, [str(s) for s in severities], xlabel="severity",
-                                           ylabel="corruption", colorbar="accuracy", name=f"shift-{entry['name']}"),
-                             f"Top-1 accuracy (%) per corruption and severity on the released {escape(entry['name'])} "
-                             f"({entry['num_examples']:,} images each, from {escape(entry['source'])})."))
-        parts.append(table(["corruption", "family", "mean error", "CE (vs AlexNet)", "relative CE"],
-                            [[escape(c["name"]), escape(c["family"]), percent(c["mean_error"]), percent(c.get("ce")),
-                              percent(c.get("relative_ce"))] for c in entry["per_corruption"]], numeric={2, 3, 4}))
+        parts.append(_severity_heatmap(entry["results"], sorted({r["severity"] for r in entry["results"]}),
+                                       f"shift-{entry['name']}",
+                                       f"Top-1 accuracy (%) per corruption and severity on the released "
+                                       f"{escape(entry['name'])} ({entry['num_examples']:,} images each, from "
+                                       f"{escape(entry['source'])})."))
+        parts.append(_ce_table(entry["per_corruption"], "AlexNet"))
         parts.append(f"<p>Mean error {percent(entry['mean_error'])}; mCE {percent(entry.get('mce'))}, relative mCE "
                      f"{percent(entry.get('relative_mce'))} ('-': AlexNet's errors exist for ImageNet-C's 15 "
                      "benchmark corruptions only, and mCE needs all 15 at severities 1-5).</p>")
