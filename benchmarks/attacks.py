@@ -61,8 +61,8 @@ from benchmarks.common import (
     matmul_peak_gflops,
     model_pass_flops,
     report,
-    seconds_per_call,
     synchronized,
+    timed,
     torch_device,
 )
 from benchmarks.torch_models import digits_cnn_to_torch, to_nchw
@@ -177,17 +177,6 @@ def run_ours(attack, epsilons, clf, x, y, key) -> rj.attacks.AttackResult:
     if len(epsilons) > 1:
         return jax.block_until_ready(attack.sweep(clf, x, y, key=key, eps=epsilons))
     return jax.block_until_ready(attack(clf, x, y, key=key))
-
-
-def timed(call: Callable[[], object], repeats: int) -> tuple[float, float, object]:
-    """``seconds_per_call`` that also returns the last call's output."""
-    last = []
-
-    def keep():
-        last[:] = [call()]
-
-    first, median = seconds_per_call(keep, repeats)
-    return first, median, last[0]
 
 
 def attacked_and_fooled(attacks: list, model: nn.Module, x, y) -> list[tuple]:

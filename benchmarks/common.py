@@ -87,6 +87,17 @@ def seconds_per_call(call: Callable[[], object], repeats: int, min_sample_s: flo
     return first, statistics.median(samples)
 
 
+def timed(call: Callable[[], object], repeats: int) -> tuple[float, float, object]:
+    """:func:`seconds_per_call` that also returns the last call's output."""
+    last = []
+
+    def keep():
+        last[:] = [call()]
+
+    first, median = seconds_per_call(keep, repeats)
+    return first, median, last[0]
+
+
 def matmul_peak_gflops(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
     """The machine's practical float32 (or ``dtype``) peak: the best GFLOP/s of a jitted
     ``size``-square matrix product on the default device (XLA's most efficient kernel; small

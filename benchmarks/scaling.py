@@ -43,7 +43,7 @@ def child(batch_size: int, repeats: int, steps: int) -> dict:
     import numpy as np
 
     import robustjax as rj
-    from benchmarks.common import seconds_per_call
+    from benchmarks.common import timed
     from robustjax.evaluation.parallel import DataParallel
 
     parallel = DataParallel(batch_size)
@@ -53,9 +53,7 @@ def child(batch_size: int, repeats: int, steps: int) -> dict:
     attack = rj.attacks.PGD(eps=0.1, norm="linf", steps=steps, early_stop=False)
     program = jax.jit(lambda c, images, labels, key: attack(c, images, labels, key=key))
     key = jax.random.key(0)
-    results = []
-    first, seconds = seconds_per_call(lambda: results.append(jax.block_until_ready(program(clf, x, y, key))), repeats)
-    result = results[-1]
+    first, seconds, result = timed(lambda: jax.block_until_ready(program(clf, x, y, key)), repeats)
     return {"devices": jax.device_count(), "batch": batch_size, "steps": steps,
             "images_per_s": batch_size / seconds, "seconds": seconds, "compile_s": max(first - seconds, 0.0),
             "success_rate": float(np.mean(result.success)),
