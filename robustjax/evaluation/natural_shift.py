@@ -43,9 +43,9 @@ TPR = 0.95
 
 def load_sets(run: NaturalShiftRun, classifier: Classifier) -> list[ShiftSet]:
     """Opens every set of ``run`` for ``classifier`` (images converted to its channels, those of
-    varying size resized to ``run.image_size``) and checks, before any work, that the model can be evaluated on each: a set that is not there
-    names the folder or the tfds command it needs; a model of other classes or input shape is
-    refused with the reason."""
+    varying size resized to ``run.image_size``) and checks, before any work, that the model can
+    be evaluated on each: a set that is not there names the folder or the tfds command it
+    needs; a model of other classes or input shape is refused with the reason."""
     channels, image_size = classifier.input_shape[-1], run.image_size
     sets = [load_shift(name, data_dir=run.data_dir, image_size=image_size, channels=channels,
                        corruptions=run.corruptions, severities=run.severities) for name in run.datasets]
