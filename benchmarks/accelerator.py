@@ -447,7 +447,7 @@ def corruption_row(sizes: Sizes, peaks: dict) -> dict:
     """The 15 ImageNet-C corruptions in one jitted program (each on the whole batch)."""
     size = sizes.corruption_size
     x = np.random.default_rng(0).uniform(size=(sizes.corruption_batch, size, size, 3)).astype(np.float32)
-    functions = [rj.noise.corruption_fn(name, 3, "imagenet") for name in IMAGENET_C]
+    functions = [rj.noise.create(name, 3, "imagenet") for name in IMAGENET_C]
 
     def suite(images, key):
         return [fn(images, k) for fn, k in zip(functions, jax.random.split(key, len(functions)), strict=True)]

@@ -40,7 +40,7 @@ def main() -> None:
     recipe = training.Recipe(steps=1000, batch_size=len(y), learning_rate=LEARNING_RATE, warmup_from=LEARNING_RATE,
                              warmup_epochs=0, ema_decay=None)
     model = TrainModel.from_classifier(clf)
-    _, step = make_step(model, recipe, training.parse("pgd_at"), len(y))
+    _, step = make_step(model, recipe, training.techniques.create("pgd_at"), len(y))
     state = {"s": init_state(model, recipe.make_optimizer(len(y)), recipe)}
     seed_key = jax.random.key(0)
 

@@ -60,7 +60,7 @@ def torch_model(source: str | None) -> torch.nn.Module | None:
 
 
 def measure(name: str, batch_size: int, repeats: int) -> list[dict] | None:
-    entry = rj.zoo.get_entry(name)
+    entry = rj.zoo.get(name)
     twin = torch_model(entry.torch_source)
     if twin is None:
         print(f"skipping {name}: no torchvision/timm source ({entry.torch_source})")
@@ -114,7 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.models.split(",")
     for name in names:
-        rj.zoo.get_entry(name)  # unknown names fail before any work
+        rj.zoo.get(name)  # unknown names fail before any work
     rows = [row for name in names for row in (measure(name, args.batch_size, args.repeats) or [])]
     settings = {"batch_size": args.batch_size, "repeats": args.repeats,
                 "peer": "torch", "torch_threads": torch.get_num_threads(), "torch_device": torch_device()}

@@ -60,7 +60,7 @@ def model_card(name: str, clf: rj.Classifier, accuracy: float) -> dict:
     architecture = type(nnx.merge(clf.apply_fn.graphdef, clf.params))
     return {
         "name": name,
-        "family": rj.zoo.get_entry(name).family,
+        "family": rj.zoo.get(name).family,
         "description": architecture.__doc__,
         "num_params": rj.zoo.count_params(clf),
         "flops": rj.zoo.count_flops(clf),

@@ -16,6 +16,8 @@ __all__ = ["Classifier", *_SUBPACKAGES, "__version__"]
 
 
 def __getattr__(name: str):
+    if name == "zoo":
+        importlib.import_module("robustjax.nas")  # registers the NAS spaces' networks in the zoo
     if name in _SUBPACKAGES:
         return importlib.import_module(f"robustjax.{name}")
     if name == "Classifier":

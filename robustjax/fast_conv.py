@@ -1,12 +1,12 @@
-"""Any classifier's convolutions with the CPU-friendly input gradient of the zoo's layers.
+"""Any classifier's convolutions with the CPU-friendly input gradient of :mod:`robustjax.ops.conv`.
 
 Inside a ``while`` body XLA's CPU backend computes a convolution's input gradient from the
 kernel read with its in/out axes swapped, about 3x slower than from a transposed copy
 (benchmarks/README.md). The zoo's layers avoid it with their own convolution
-(:func:`robustjax.zoo.layers.conv_general_dilated`); a user's model (a plain ``lax``
+(:func:`robustjax.ops.conv.conv_general_dilated`); a user's model (a plain ``lax``
 function, a Flax NNX or linen module) does not. :func:`with_fast_convolutions` gives any
 classifier the same backward pass without changing its code: its ``apply_fn`` is traced to
-a jaxpr and evaluated again with every ``conv_general_dilated`` replaced by the zoo's
+a jaxpr and evaluated again with every ``conv_general_dilated`` replaced by that one
 (values and gradients are XLA's own), recursing into nested ``jit`` calls. Convolutions
 inside other higher-order primitives (``custom_vjp``, ``scan``, ``remat``) are left as
 they are.
@@ -22,7 +22,7 @@ import jax
 from jax.extend import core
 
 from robustjax.classifier import Classifier
-from robustjax.zoo.layers import conv_general_dilated
+from robustjax.ops.conv import conv_general_dilated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _convolution(params: dict, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
 
 
 def _evaluate(jaxpr: core.Jaxpr, consts, args) -> list:
-    """Evaluates ``jaxpr`` in the current trace, convolutions replaced by the zoo's."""
+    """Evaluates ``jaxpr`` in the current trace, convolutions replaced by :mod:`robustjax.ops.conv`'s."""
     env: dict = {}
 
     def read(var):

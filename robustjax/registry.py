@@ -1,6 +1,19 @@
-"""``Registry``: the named values of one kind (attacks, corruptions, models), with one
-duplicate check, one listing and one "did you mean" error for the attack, noise and zoo
-registries."""
+"""``Registry``: the named values of one kind, with one duplicate check, one listing and one
+"did you mean" error.
+
+Every named family offers the same three verbs, backed by a ``Registry``: ``names()`` (in
+registration order), ``get(name)`` (the registered entry) and ``create(name, ...)`` (the
+configured value):
+
+- attacks: ``robustjax.attacks`` (the attack class; an attack config);
+- corruptions: ``robustjax.noise`` (a ``Corruption``; its pure ``(x, key)`` function);
+- models: ``robustjax.zoo`` (a ``ModelEntry``; a ``Classifier``);
+- search spaces: ``robustjax.nas`` (the space's factory; a ``SearchSpace``);
+- built-in plans: ``robustjax.builtin_plans`` (the TOML text; a ``Plan``);
+- training techniques: ``robustjax.training.techniques`` (a ``Technique``; ``Techniques``);
+- perturbation sequences: ``robustjax.noise.sequences`` (a ``Perturbation``; its pure
+  ``(x, key)`` function).
+"""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ WORKLOAD = textwrap.dedent("""
                "simba": dict(max_queries=40), "spsa": dict(eps=0.1, max_queries=60, samples=2),
                "square": dict(eps=0.1, max_queries=40)}
     for name in rj.attacks.names():
-        attack = rj.attacks.make(name, **budgets.get(name, {}))
+        attack = rj.attacks.create(name, **budgets.get(name, {}))
         jax.eval_shape(lambda x, y: attack(linear, x, y, key=key), x, y)  # the traced program
     rj.attacks.PGD(eps=0.1, steps=2)(linear, x, y, key=key)  # the compacted host loop
     rj.attacks.PGD(eps=0.1, steps=2).sweep(linear, x, y, key=key, eps=[0.05, 0.1], restarts=2)
@@ -56,7 +56,7 @@ WORKLOAD = textwrap.dedent("""
 
     images = rng.uniform(0, 1, (2, 32, 32, 3)).astype(np.float32)
     for name in rj.noise.names():
-        jax.eval_shape(lambda x: rj.noise.corruption_fn(name, 2, "cifar")(x, key), images)
+        jax.eval_shape(lambda x: rj.noise.create(name, 2, "cifar")(x, key), images)
     rj.noise.corrupt(images, "gaussian_noise", 1, key=key)
     for name in rj.noise.sequences.names():
         jax.eval_shape(lambda x: rj.noise.perturbation_sequence(x, name, key, length=3), images)

@@ -278,7 +278,7 @@ def test_converted_torch_model_gives_torch_logits(monkeypatch, tmp_path):
     name = "tiny_torch_probe"  # looked up by from_torch only, never added to the zoo's registry
     entry = ModelEntry(name=name, family="test", build=build_tiny, weights=None, description="a converter probe",
                        convert=convert_tiny, torch_source="TinyTorchNet")
-    monkeypatch.setattr(convert, "get_entry", {name: entry}.__getitem__)
+    monkeypatch.setattr(convert, "get_model", {name: entry}.__getitem__)
     torch.save({"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "tiny.pt")
 
     clf = from_torch(name, load_state_dict(tmp_path / "tiny.pt"))

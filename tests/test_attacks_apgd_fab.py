@@ -399,7 +399,7 @@ def test_fab_success_only_counts_within_eps():
         (lambda: FAB(eta=0.5), "eta must be in"),
         (lambda: FAB(beta=1.0), "beta must be in"),
         (lambda: FAB(num_target_classes=0), "num_target_classes must be an integer >= 1"),
-        (lambda: rj.attacks.make("apgd", epsilon=0.1), r"no parameter\(s\) \['epsilon'\]"),
+        (lambda: rj.attacks.create("apgd", epsilon=0.1), r"no parameter\(s\) \['epsilon'\]"),
     ],
 )
 def test_bad_hyperparameters_are_refused(make_attack, message):

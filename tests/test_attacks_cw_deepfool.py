@@ -200,7 +200,7 @@ def test_deepfool_refuses_a_target(digits_clf, small_batch, key):
 
 def test_registered_names():
     assert rj.attacks.get("cw_l2") is CWL2 and rj.attacks.get("deepfool") is DeepFool
-    assert rj.attacks.make("deepfool", norm="linf") == DeepFool(norm="linf")
+    assert rj.attacks.create("deepfool", norm="linf") == DeepFool(norm="linf")
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,7 @@ def test_no_worse_than_art_at_the_same_budget(name, digits_clf):
     theirs, spent = _art_run(make, model, x, y)
     # Our budget: the fewest queries ART spent on any example (plus our final check).
     budget = int(spent.min()) + 1
-    attack = rj.attacks.make(name, max_queries=budget)
+    attack = rj.attacks.create(name, max_queries=budget)
     # Three keys (one compile): at this budget the starting noise moves an example's
     # distance by up to ~40%, so a single run of 8 examples is a noisy median.
     runs = [attack(digits_clf, x, y, key=jax.random.key(seed)) for seed in range(3)]

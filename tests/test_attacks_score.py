@@ -333,7 +333,7 @@ def test_square_is_no_worse_than_torchattacks(name, runs, batch, digits_clf):
         (lambda: NES(sigma=-1.0), "sigma must be finite and >= 0"),
         (lambda: SimBA(basis="haar"), "basis must be one of"),
         (lambda: SimBA(step_size=0.0), "step_size must be > 0"),
-        (lambda: rj.attacks.make("square", n_queries=10), r"no parameter\(s\) \['n_queries'\]"),
+        (lambda: rj.attacks.create("square", n_queries=10), r"no parameter\(s\) \['n_queries'\]"),
     ],
 )
 def test_bad_hyperparameters_are_refused(make_attack, message):

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from robustjax import zoo
 from robustjax.cli import evaluate as cli_evaluate
 from robustjax.cli import main, parser
 from robustjax.evaluation import runner
 from robustjax.evaluation.resume import ItemStore
 from robustjax.report import read_report, schema
-from robustjax.zoo import get_entry, list_models
 
 ONE_FGSM = 'batch_size = 8\nnum_examples = 8\n[[attacks]]\nname = "fgsm"\neps = 0.1\n'
 
@@ -177,5 +177,5 @@ def test_zoo_list_fits_80_columns_and_keeps_each_description_whole(capsys, monke
     assert code == 0
     assert max(len(line) for line in out.splitlines()) <= 80
     flowing = " ".join(out.split())
-    for name in list_models():
-        assert " ".join(get_entry(name).description.replace("``", "").split()) in flowing, name
+    for name in zoo.names():
+        assert " ".join(zoo.get(name).description.replace("``", "").split()) in flowing, name

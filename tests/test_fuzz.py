@@ -126,7 +126,7 @@ ATTACK_FIELDS = {"fgsm": ["eps"], "pgd": ["eps", "steps", "step_size", "norm"], 
 def test_attacks_refuse_bad_hyperparameters(name, data):
     field = data.draw(st.sampled_from(ATTACK_FIELDS[name]))
     value = data.draw(st.sampled_from(BAD_HYPERPARAMETERS[field]))
-    assert_refused(lambda: rj.attacks.make(name, **{field: value}), field)
+    assert_refused(lambda: rj.attacks.create(name, **{field: value}), field)
 
 
 @settings(max_examples=60)

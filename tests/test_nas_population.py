@@ -162,7 +162,7 @@ def test_score_based_attacks_and_streaming_metrics_give_each_network_its_own_res
     archs = supernet.space.sample(jax.random.key(3), 3)
     population = from_supernet(supernet, archs, calibration=calibration)
     x, y = rj.data.digits("test").arrays(limit=32)
-    square, key = rj.attacks.make("square", eps=0.1, max_queries=40), jax.random.key(5)
+    square, key = rj.attacks.create("square", eps=0.1, max_queries=40), jax.random.key(5)
 
     def measured(clf, x, y):
         result = square(clf, x, y, key=key)

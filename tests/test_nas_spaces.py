@@ -60,7 +60,7 @@ def test_nb201_matches_xautodl_generator_and_isomorphism_rule(nb201):
 
 @pytest.mark.parametrize("arch", [11472, 0, 9, 6111])
 def test_nb201_cost_counts_the_parameters_of_the_built_network(nb201, arch):
-    clf = build_abstract(rj.zoo.get_entry("nas.nb201").build, arch=arch)
+    clf = build_abstract(rj.zoo.get("nas.nb201").build, arch=arch)
     trainable = trainable_params(clf)
     assert nb201.cost(arch).params == trainable
     assert nb201.cost(RESNET_CELL).params == 559386  # xautodl TinyNetwork(16, 5, resnet cell, 10)
@@ -94,7 +94,7 @@ def test_named_bignas_subnets_have_the_reference_params_and_macs(name):
 
 def test_bignas_cost_counts_the_parameters_of_the_built_network():
     space = rj.nas.space("bignas_resnet_basic")
-    clf = build_abstract(rj.zoo.get_entry("nas.bignas_resnet_basic").build, arch="bignas_resnet18_50M")
+    clf = build_abstract(rj.zoo.get("nas.bignas_resnet_basic").build, arch="bignas_resnet18_50M")
     trainable = trainable_params(clf)
     assert space.cost("bignas_resnet18_50M").params == trainable
 

@@ -29,6 +29,8 @@ def test_the_registry_holds_the_nineteen_corruptions_by_family():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_contract(name, images):
+    corruption = rj.noise.get(name)
+    assert corruption.name == name and name in rj.noise.names(corruption.family)
     key = jax.random.key(1)
     outputs = {s: np.asarray(rj.noise.corrupt(images, name, s, key)) for s in (1, 5)}
     for out in outputs.values():
@@ -43,7 +45,7 @@ def test_contract(name, images):
     with count_compiles() as compiles:
         other = np.asarray(rj.noise.corrupt(images, name, 5, jax.random.key(2)))
     assert compiles[0] == 0
-    if rj.noise.get(name).stochastic:
+    if corruption.stochastic:
         assert not np.array_equal(other, outputs[5])
     else:
         np.testing.assert_array_equal(other, outputs[5])

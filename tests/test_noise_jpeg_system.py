@@ -15,7 +15,7 @@ from scipy.ndimage import gaussian_filter
 
 import robustjax as rj
 from robustjax.noise import system
-from robustjax.noise.jpeg import jpeg_round_trip, quantization_tables
+from robustjax.ops.jpeg import jpeg_round_trip, quantization_tables
 
 
 def smooth_image(seed: int, height: int, width: int, channels: int = 3, sigma: float = 2.0) -> np.ndarray:

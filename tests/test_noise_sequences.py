@@ -79,6 +79,8 @@ def test_noise_strength_matches_reference_scripts(name, preset):
 
 @pytest.mark.parametrize("name", seq.names())
 def test_sequence_contract(name):
+    perturbation = seq.get(name)
+    assert perturbation.name == name and name in seq.names(perturbation.family)
     x = jnp.asarray(smooth_images(2, 16, 16, 3))
     key0, key1 = jax.random.key(0), jax.random.key(1)
     a = seq.perturbation_sequence(x, name, key0, length=6)

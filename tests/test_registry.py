@@ -1,8 +1,8 @@
-"""The ``Registry`` helper behind the attack, corruption and model registries."""
+"""The ``Registry`` helper behind every registry (tests/test_registries.py checks that each
+family offers it the same way)."""
 
 import pytest
 
-import robustjax as rj
 from robustjax.registry import Registry
 
 
@@ -32,10 +32,3 @@ def test_unknown_names_get_suggestions_and_the_sorted_listing(registry):
         registry.get("pgdd")
     with pytest.raises(ValueError, match=rf"^unknown widget 'zzz'; {listing}$"):
         registry["zzz"]
-
-
-@pytest.mark.parametrize("lookup, kind", [
-    (rj.attacks.get, "attack"), (rj.noise.get, "corruption"), (rj.zoo.get_entry, "model")])
-def test_the_three_registries_share_it(lookup, kind):
-    with pytest.raises(ValueError, match=rf"^unknown {kind} 'nope'.*; known {kind}s: \["):
-        lookup("nope")

@@ -24,7 +24,7 @@ def images() -> np.ndarray:
 
 
 def test_registered_without_pretrained_weights():
-    assert rj.zoo.get_entry(NAME).family == "resnet_cifar"
+    assert rj.zoo.get(NAME).family == "resnet_cifar"
     clf = rj.zoo.create(NAME, pretrained=False, num_classes=7)
     assert (clf.num_classes, clf.input_shape, clf.mean, clf.std) == (7, INPUT_SHAPE, MEAN, STD)
     with pytest.raises(ValueError, match="no pretrained weights"):

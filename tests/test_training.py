@@ -38,7 +38,7 @@ def _robust_accuracy(clf: rj.Classifier) -> float:
 def _train(tmp_path, techniques: str, **recipe) -> rj.Classifier:
     clf = rj.zoo.create("digits_cnn", pretrained=False)
     result = training.train(clf, rj.data.digits("train"), tmp_path / (techniques or "standard"),
-                            training.Recipe(**{**SHORT, **recipe}), training.parse(techniques),
+                            training.Recipe(**{**SHORT, **recipe}), training.techniques.create(techniques),
                             attack_eps=EPS, attack_steps=5, checkpoint_every=10_000,
                             devices=jax.local_devices()[:1])  # the resume test runs sharded
     return result.classifier
@@ -142,7 +142,7 @@ def test_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
     same parameters as a run that never stopped, bit for bit (Mixup and CutMix: random draws
     every step; the batch sharded over the 8 simulated devices)."""
     recipe = training.Recipe(steps=6, batch_size=64, learning_rate=0.05, ema_decay=0.9)
-    techniques = training.parse("mixup,cutmix")
+    techniques = training.techniques.create("mixup,cutmix")
     dataset = rj.data.digits("train")
 
     def run(out, stop_after=None):
@@ -175,7 +175,7 @@ def test_ema_and_label_smoothing_equal_their_closed_forms():
     recipe = training.Recipe(steps=4, batch_size=4, learning_rate=0.3, warmup_epochs=0, ema_decay=0.2,
                              label_smoothing=0.2)
     model = TrainModel.from_classifier(clf)
-    optimizer, step = make_step(model, recipe, training.parse(""), 4)
+    optimizer, step = make_step(model, recipe, training.techniques.create(""), 4)
     state = init_state(model, optimizer, recipe)
     x = jax.random.uniform(jax.random.key(1), (4, 2, 2, 1))
     y = jnp.array([0, 1, 2, 1])
@@ -198,12 +198,12 @@ def test_ema_and_label_smoothing_equal_their_closed_forms():
 
 def test_bad_input_is_refused_before_training(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r"unknown technique 'pgd_t' \(did you mean 'pgd_at'\?\).*'trades'"):
-        training.parse("pgd_t")
+        training.techniques.create("pgd_t")
     with pytest.raises(ValueError, match="'pgd_at' and 'mixup' cannot combine"):
-        training.parse("pgd_at,mixup")
+        training.techniques.create("pgd_at,mixup")
     with pytest.raises(ValueError, match="'madry' and 'trades' cannot combine"):
-        training.parse("madry,trades")
-    assert training.parse("cutmix,mixup") == training.parse(["mixup", "cutmix"])
+        training.techniques.create("madry,trades")
+    assert training.techniques.create("cutmix,mixup") == training.techniques.create(["mixup", "cutmix"])
     with pytest.raises(ValueError, match="needs dropout layers"):
         TrainModel.from_classifier(rj.zoo.create("digits_cnn", pretrained=False), dropout=True)
     from robustjax.training.dataset import training_dataset

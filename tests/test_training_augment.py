@@ -145,7 +145,7 @@ def test_aligned_recipe_chooses_the_augmentation_by_family():
     assert training.aligned("resnet", augment="none").augment == "none"
     from robustjax.training.recipe import CIFAR_FAMILIES, STANDARD_FAMILIES
 
-    families = {rj.zoo.get_entry(name).family for name in rj.zoo.list_models()}
+    families = {rj.zoo.get(name).family for name in rj.zoo.names()}
     unclassified = families - set(STANDARD_FAMILIES) - set(CIFAR_FAMILIES)
     assert unclassified == {"digits_cnn", "digits_mlp", "nas_bignas", "nas_nb201"}, unclassified
 
@@ -163,7 +163,7 @@ def test_the_step_trains_on_the_augmented_images():
     clf = rj.Classifier.from_nnx(_Linear(rngs=nnx.Rngs(0)), num_classes=3, input_shape=(8, 8, 3))
     recipe = training.Recipe(steps=2, batch_size=4, warmup_epochs=0, label_smoothing=0.0, augment="standard")
     model = TrainModel.from_classifier(clf)
-    optimizer, step = make_step(model, recipe, training.parse(""), 4)
+    optimizer, step = make_step(model, recipe, training.techniques.create(""), 4)
     x = _batch()
     y = jnp.array([0, 1, 2, 1])
     seed = jax.random.key(5)

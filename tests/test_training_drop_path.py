@@ -50,7 +50,7 @@ def test_block_rates_follow_timm_and_torchvision():
     timm = pytest.importorskip("timm")
     models = pytest.importorskip("torchvision.models.efficientnet")
     for name, config in TINY.items():
-        ours = _rates(build_abstract(rj.zoo.get_entry(name).build, num_classes=3, **config), 0.1)
+        ours = _rates(build_abstract(rj.zoo.get(name).build, num_classes=3, **config), 0.1)
         arch = {"vit_base_patch16_224": timm.models.vision_transformer.VisionTransformer,
                 "mixer_b16_224": timm.models.mlp_mixer.MlpMixer,
                 "swin_tiny_patch4_window7_224": timm.models.swin_transformer.SwinTransformer}[name]
@@ -63,7 +63,7 @@ def test_block_rates_follow_timm_and_torchvision():
     with pytest.importorskip("torch").device("meta"):
         reference = models.efficientnet_b0(stochastic_depth_prob=0.2)
     theirs = [b.stochastic_depth.p for b in reference.modules() if isinstance(b, models.MBConv) and b.use_res_connect]
-    np.testing.assert_allclose(_rates(build_abstract(rj.zoo.get_entry("efficientnet_b0").build), 0.2), theirs,
+    np.testing.assert_allclose(_rates(build_abstract(rj.zoo.get("efficientnet_b0").build), 0.2), theirs,
                                atol=1e-7)
 
 
@@ -72,9 +72,9 @@ def test_tiny_vit_trains_a_step_with_drop_path():
     training-mode logits depend on the key, the trained network's evaluation does not."""
     name = "vit_base_patch16_224"
     clf = rj.zoo.create(name, pretrained=False, num_classes=3, **TINY[name])
-    techniques = training.parse("drop_path")
-    assert training.aligned(rj.zoo.get_entry(name).family, techniques).drop_path_rate == 0.1
-    recipe = training.aligned(rj.zoo.get_entry(name).family, techniques, drop_path_rate=0.5, steps=2, batch_size=8,
+    techniques = training.techniques.create("drop_path")
+    assert training.aligned(rj.zoo.get(name).family, techniques).drop_path_rate == 0.1
+    recipe = training.aligned(rj.zoo.get(name).family, techniques, drop_path_rate=0.5, steps=2, batch_size=8,
                               ema_decay=None, augment="none")
     model = TrainModel.from_classifier(clf, drop_path=recipe.drop_path_rate)
     optimizer, step = make_step(model, recipe, techniques, 8)
@@ -93,11 +93,11 @@ def test_models_without_drop_path_are_refused(tmp_path):
     digits = rj.zoo.create("digits_cnn", pretrained=False)
     with pytest.raises(ValueError, match="'drop_path' needs drop-path .* digits_cnn has none"):
         TrainModel.from_classifier(digits, drop_path=0.1)
-    techniques = training.parse("drop_path")
+    techniques = training.techniques.create("drop_path")
     with pytest.raises(ValueError, match="'drop_path' needs drop-path"):
         training.train(digits, rj.data.digits("train"), tmp_path, training.aligned("digits_cnn", techniques),
                        techniques)
-    vit = build_abstract(rj.zoo.get_entry("vit_base_patch16_224").build, num_classes=3, **TINY["vit_base_patch16_224"])
+    vit = build_abstract(rj.zoo.get("vit_base_patch16_224").build, num_classes=3, **TINY["vit_base_patch16_224"])
     with pytest.raises(ValueError, match="'drop_path' and a recipe drop_path_rate > 0 go together"):
         make_step(TrainModel.from_classifier(vit), training.Recipe(), techniques, 8)
     with pytest.raises(ValueError, match=r"drop_path_rate must lie in \[0, 1\)"):

@@ -11,10 +11,10 @@ from tests.helpers import count_compiles
 
 
 def test_registry_lists_the_default_model():
-    assert "digits_cnn" in rj.zoo.list_models()
-    assert rj.zoo.list_models("digits*") == ["digits_cnn", "digits_mlp"]
-    assert rj.zoo.list_models("resnet1*") == ["resnet101", "resnet152", "resnet18", "resnet18_cifar"]
-    assert rj.zoo.list_models("alexnet*") == []
+    assert "digits_cnn" in rj.zoo.names()
+    assert rj.zoo.names("digits*") == ["digits_cnn", "digits_mlp"]
+    assert rj.zoo.names("resnet1*") == ["resnet101", "resnet152", "resnet18", "resnet18_cifar"]
+    assert rj.zoo.names("alexnet*") == []
 
 
 def test_unknown_model_suggests_close_names():
@@ -79,7 +79,7 @@ def test_pretrained_needs_ten_classes():
      ((1, 1), (2, 1), "VALID", (1, 1), 1), ((3, 3), (1, 1), "SAME", (2, 2), 1), ((3, 3), (2, 2), "SAME", (1, 1), 4)],
 )
 def test_conv_for_loops_has_the_values_and_gradients_of_lax_conv(kernel, stride, padding, dilation, groups):
-    from robustjax.zoo.layers import conv_general_dilated
+    from robustjax.ops.conv import conv_general_dilated
 
     x = jax.random.normal(jax.random.key(0), (3, 9, 8, 4))
     w = jax.random.normal(jax.random.key(1), (*kernel, 4 // groups, 8))

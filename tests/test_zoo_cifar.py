@@ -39,12 +39,12 @@ def images() -> np.ndarray:
 
 def test_registered_with_cards_and_without_pretrained_weights():
     for name in FULL_SIZE:
-        entry = rj.zoo.get_entry(name)
+        entry = rj.zoo.get(name)
         assert entry.convert is not None and entry.torch_source
         with pytest.raises(ValueError, match=f"model '{name}' has no pretrained weights; pass pretrained=False"):
             entry.build(key=jax.random.key(0), pretrained=True)
     for name in ("wrn_70_16", "dm_wrn_28_10"):  # the leaderboard's DM checkpoints use Swish
-        assert inspect.signature(rj.zoo.get_entry(name).build).parameters["activation"].default == "swish"
+        assert inspect.signature(rj.zoo.get(name).build).parameters["activation"].default == "swish"
 
 
 @pytest.mark.parametrize("name", FULL_SIZE)

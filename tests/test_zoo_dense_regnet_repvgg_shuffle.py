@@ -35,7 +35,7 @@ ROBUSTART_PARAMS_M = {
 
 def torch_model(name: str):
     """The full-size PyTorch reference of a registered model (``torch_source``)."""
-    source = rj.zoo.get_entry(name).torch_source
+    source = rj.zoo.get(name).torch_source
     if source.startswith("timm:"):
         return timm.create_model(source[len("timm:"):], pretrained=False)
     return getattr(torchvision.models, source.rsplit(".", 1)[1])()
@@ -76,7 +76,7 @@ def load(name: str, tensors: dict[str, np.ndarray], **build_kwargs) -> rj.Classi
 def converted(name: str, tensors: dict[str, np.ndarray]) -> dict:
     """The converter's parameter tree, every tensor used."""
     weights = TorchWeights(tensors, "test state dict")
-    params = rj.zoo.get_entry(name).convert(weights)
+    params = rj.zoo.get(name).convert(weights)
     weights.check_all_used()
     return params
 
@@ -262,7 +262,7 @@ def test_full_size_parameter_counts(name):
     n_params = sum(p.numel() for p in model.parameters())
     n_stats = sum(b.numel() for k, b in model.named_buffers()
                   if k.endswith(("running_mean", "running_var")))
-    abstract = build_abstract(rj.zoo.get_entry(name).build)
+    abstract = build_abstract(rj.zoo.get(name).build)
     assert rj.zoo.count_params(abstract) == n_params + n_stats
     assert round(n_params / 1e6, 2) == ROBUSTART_PARAMS_M[name]
 
@@ -272,7 +272,7 @@ def test_full_size_parameter_counts(name):
 @pytest.mark.parametrize(
     "name", ["densenet121", "regnetx_3200m", "repvgg_b3_deploy", "shufflenet_v2_x2_0"])
 def test_registered_without_pretrained_weights(name):
-    entry = rj.zoo.get_entry(name)
+    entry = rj.zoo.get(name)
     assert entry.convert is not None and entry.torch_source
     with pytest.raises(ValueError, match="no pretrained weights"):
         entry.build(key=jax.random.key(0), pretrained=True)
@@ -280,15 +280,15 @@ def test_registered_without_pretrained_weights(name):
 
 def test_builders_reject_bad_sizes():
     with pytest.raises(ValueError, match="block_config"):
-        rj.zoo.get_entry("densenet121").build(key=jax.random.key(0), block_config=(2, 0))
+        rj.zoo.get("densenet121").build(key=jax.random.key(0), block_config=(2, 0))
     with pytest.raises(ValueError, match="w0"):
-        rj.zoo.get_entry("regnetx_400m").build(key=jax.random.key(0), w0=12)
+        rj.zoo.get("regnetx_400m").build(key=jax.random.key(0), w0=12)
     with pytest.raises(TypeError, match="unknown regnetx_400m arguments"):
-        rj.zoo.get_entry("regnetx_400m").build(key=jax.random.key(0), widht=3)
+        rj.zoo.get("regnetx_400m").build(key=jax.random.key(0), widht=3)
     with pytest.raises(ValueError, match="num_blocks"):
-        rj.zoo.get_entry("repvgg_a0").build(key=jax.random.key(0), num_blocks=(1, 1))
+        rj.zoo.get("repvgg_a0").build(key=jax.random.key(0), num_blocks=(1, 1))
     with pytest.raises(ValueError, match="stages_repeats"):
-        rj.zoo.get_entry("shufflenet_v2_x0_5").build(key=jax.random.key(0), stages_repeats=(1, 1))
+        rj.zoo.get("shufflenet_v2_x0_5").build(key=jax.random.key(0), stages_repeats=(1, 1))
 
 
 @pytest.fixture(scope="module")

@@ -203,7 +203,7 @@ def test_full_size_model_matches_pytorch_and_its_card(name):
     RobustART's rounded figure; BatchNorm eps; native input size; ImageNet normalisation."""
     with torch.device("meta"):
         torch_model = torch_full_size(name)
-    entry = rj.zoo.get_entry(name)
+    entry = rj.zoo.get(name)
     abstract = build_abstract(entry.build)
     assert rj.zoo.count_params(abstract) == torch_count(torch_model)
     assert round(sum(p.numel() for p in torch_model.parameters()) / 1e6, 2) == ROBUSTART_MILLIONS[name]
@@ -221,13 +221,13 @@ def test_full_size_model_matches_pytorch_and_its_card(name):
 
 
 def test_input_size_and_class_count_overrides():
-    resized = build_abstract(rj.zoo.get_entry("efficientnet_b3").build, image_size=224, num_classes=7)
+    resized = build_abstract(rj.zoo.get("efficientnet_b3").build, image_size=224, num_classes=7)
     assert (resized.input_shape, resized.num_classes) == ((224, 224, 3), 7)
     for name in ("mobilenet_v2_x1_0", "mobilenet_v3_large_x1_0", "efficientnet_b0"):
         with pytest.raises(ValueError, match="image_size must be an integer"):
-            rj.zoo.get_entry(name).build(key=jax.random.key(0), image_size=0)
+            rj.zoo.get(name).build(key=jax.random.key(0), image_size=0)
         with pytest.raises(ValueError, match="num_classes must be an integer"):
-            rj.zoo.get_entry(name).build(key=jax.random.key(0), num_classes=2.5)
+            rj.zoo.get(name).build(key=jax.random.key(0), num_classes=2.5)
 
 
 def test_from_torch_names_each_bad_tensor():

@@ -8,20 +8,21 @@ import pytest
 import robustjax as rj
 from robustjax.zoo.abstract import build_abstract
 
-NAMES = rj.zoo.list_models()
+NAMES = rj.zoo.names()
 
 
 @functools.cache
 def abstract(name: str) -> rj.Classifier:
     """The model with shape-only parameters (nothing is allocated or initialised)."""
-    return build_abstract(rj.zoo.get_entry(name).build)
+    return build_abstract(rj.zoo.get(name).build)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_builds_and_maps_images_to_logits(name):
-    entry = rj.zoo.get_entry(name)
+    entry = rj.zoo.get(name)
     clf = abstract(name)
-    assert (clf.name == name or clf.name.startswith(f"{name}:")) and entry.family and entry.description
+    assert entry.name == name and entry.family and entry.description
+    assert clf.name == name or clf.name.startswith(f"{name}:")
     images = jax.ShapeDtypeStruct((2, *clf.input_shape), jax.numpy.float32)
     logits = jax.eval_shape(lambda c, x: c(x), clf, images)
     assert logits.shape == (2, clf.num_classes) and logits.dtype == jax.numpy.float32
@@ -31,12 +32,12 @@ def test_builds_and_maps_images_to_logits(name):
             rj.zoo.create(name)
 
 
-TRAINED_HERE = rj.zoo.list_models("digits_*")  # the embedded digits models are trained, not ported
+TRAINED_HERE = rj.zoo.names("digits_*")  # the embedded digits models are trained, not ported
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in TRAINED_HERE])
 def test_every_ported_model_converts_from_pytorch(name):
-    entry = rj.zoo.get_entry(name)
+    entry = rj.zoo.get(name)
     assert callable(entry.convert) and entry.torch_source
 
 

@@ -30,7 +30,7 @@ def reduced_torchvision(name: str, layers: tuple[int, ...]) -> torch.nn.Module:
 
 def test_every_variant_is_registered_with_its_card():
     for name in NAMES:
-        entry = rj.zoo.get_entry(name)
+        entry = rj.zoo.get(name)
         assert (entry.family, entry.torch_source, entry.convert) == (
             "resnet", f"torchvision.models.{name}", resnet.convert_resnet)
         with pytest.raises(ValueError, match=f"model '{name}' has no pretrained weights; pass pretrained=False"):

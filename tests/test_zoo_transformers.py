@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 
 FAMILIES = ("vit", "deit", "mlp_mixer", "swin")
-NAMES = [name for name in rj.zoo.list_models() if rj.zoo.get_entry(name).family in FAMILIES]
+NAMES = [name for name in rj.zoo.names() if rj.zoo.get(name).family in FAMILIES]
 
 from timm.models.mlp_mixer import MlpMixer  # noqa: E402
 from timm.models.swin_transformer import SwinTransformer  # noqa: E402
@@ -63,7 +63,7 @@ def numpy_state(model) -> dict[str, np.ndarray]:
 def abstract(name: str, **kwargs) -> rj.Classifier:
     """The classifier with shape-only parameters: built without running the initialisers,
     which would compile once per parameter shape for weights about to be replaced."""
-    return build_abstract(rj.zoo.get_entry(name).build, **kwargs)
+    return build_abstract(rj.zoo.get(name).build, **kwargs)
 
 
 forward = jax.jit(lambda clf, x: clf(x))
@@ -167,7 +167,7 @@ def test_registered_names_cards_and_normalisation():
         "swin_tiny_patch4_window7_224",
         "swin_small_patch4_window7_224", "swin_base_patch4_window7_224"}
     for name in NAMES:
-        entry = rj.zoo.get_entry(name)
+        entry = rj.zoo.get(name)
         assert entry.weights is None and entry.torch_source == f"timm:{name}"
         cfg = timm.models.get_pretrained_cfg(name)
         clf = abstract(name, num_classes=10, **SMALL[entry.family])
@@ -244,7 +244,7 @@ def test_swin_accepts_the_derived_buffers_of_older_checkpoints():
         if getattr(module, "attn_mask", None) is not None:  # the shifted blocks
             old[f"{path}.attn_mask"] = module.attn_mask.numpy()
     assert any(k.endswith("attn_mask") for k in old)
-    convert = rj.zoo.get_entry("swin_tiny_patch4_window7_224").convert
+    convert = rj.zoo.get("swin_tiny_patch4_window7_224").convert
     expected, weights = convert(TorchWeights(state)), TorchWeights(old)
     converted = convert(weights)
     weights.check_all_used()

@@ -71,6 +71,6 @@ def count_torch(model: torch.nn.Module) -> int:
 
 def count_flax(name: str, **kwargs) -> int:
     """Scalars in the registered model's state, built abstractly (nothing allocated)."""
-    entry = rj.zoo.get_entry(name)
+    entry = rj.zoo.get(name)
     shapes = jax.eval_shape(lambda key: entry.build(key=key, **kwargs), jax.random.key(0))
     return sum(leaf.size for leaf in jax.tree.leaves(shapes.params))

@@ -2,7 +2,7 @@
 
 from robustjax.attacks.apgd import APGD
 from robustjax.attacks.autoattack import AutoAttack
-from robustjax.attacks.base import Attack, AttackResult, get, make, names, register_attack
+from robustjax.attacks.base import Attack, AttackResult, create, get, names, register_attack
 from robustjax.attacks.boundary import Boundary
 from robustjax.attacks.cw import CWL2
 from robustjax.attacks.deepfool import DeepFool
@@ -21,6 +21,6 @@ from robustjax.attacks.transfer import transfer
 
 __all__ = [
     "APGD", "CWL2", "FAB", "FGSM", "MIFGSM", "NES", "PGD", "SPSA", "Attack", "AttackResult", "AutoAttack",
-    "Boundary", "DeepFool", "HopSkipJump", "RayS", "SignOPT", "SimBA", "Square", "get", "make", "names",
+    "Boundary", "DeepFool", "HopSkipJump", "RayS", "SignOPT", "SimBA", "Square", "create", "get", "names",
     "register_attack", "transfer",
 ]

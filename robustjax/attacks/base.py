@@ -211,8 +211,8 @@ def register_attack(name: str):
 
 
 def names() -> list[str]:
-    """Names of all registered attacks, sorted."""
-    return sorted(_ATTACKS)
+    """Names of the registered attacks, in registration order."""
+    return _ATTACKS.names()
 
 
 def get(name: str) -> type[Attack]:
@@ -220,7 +220,7 @@ def get(name: str) -> type[Attack]:
     return _ATTACKS.get(name)
 
 
-def make(name: str, **params) -> Attack:
+def create(name: str, **params) -> Attack:
     """An attack from its registered name and hyperparameters (as in a plan file)."""
     cls = get(name)
     fields = {f.name for f in dataclasses.fields(cls)}

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.markup import escape
 
-from robustjax.builtin_plans import builtin_plans, evaluation_plans
+from robustjax import builtin_plans
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE
 
 DEFAULT_MODEL = "digits_cnn"
@@ -67,7 +67,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--dataset", default=DEFAULT_DATASET,
                     help="digits, tfds:NAME, a .npz file or an image folder (default: %(default)s)")
     ev.add_argument("--split", default="test", help="dataset split (default: %(default)s)")
-    ev.add_argument("--plan", help=f"TOML or JSON plan file, or a built-in plan: {', '.join(evaluation_plans())} "
+    ev.add_argument("--plan", help=f"TOML or JSON plan file, or a built-in plan: {', '.join(builtin_plans.evaluation_plans())} "
                     "(default: digits for the digits, default otherwise)")
     ev.add_argument("--weights", help="folder of converted weights for a zoo model (see `zoo convert`)")
     ev.add_argument("--random-weights", action="store_true", help="evaluate a zoo model with random initial "
@@ -111,7 +111,7 @@ def _add_plan(commands: argparse._SubParsersAction) -> None:
     plan = commands.add_parser("plan", help="print a built-in plan to start from, or check a plan file")
     plan_sub = plan.add_subparsers(dest="plan_command", required=True)
     show = plan_sub.add_parser("show", help="print a built-in plan as TOML")
-    show.add_argument("name", nargs="?", default="default", choices=builtin_plans(),
+    show.add_argument("name", nargs="?", default="default", choices=builtin_plans.names(),
                       help="the built-in plan (default: %(default)s)")
     show.set_defaults(run=command("robustjax.cli.plan", "cmd_plan_show"))
     check = plan_sub.add_parser("check", help="validate a TOML or JSON plan file and summarise what it runs")

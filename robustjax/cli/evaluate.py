@@ -22,6 +22,7 @@ from robustjax.cli.progress import StepDisplay
 from robustjax.compile_cache import use_compile_cache
 from robustjax.evaluation import Plan, default_plan, evaluate, gallery, load_plan, resume
 from robustjax.evaluation.runner import environment, num_evaluated
+from robustjax.output_folder import ITEMS_FOLDER
 from robustjax.report import TABLES, finished_sections, html, read_report, write_report
 from robustjax.zoo.registry import MissingWeights
 
@@ -165,7 +166,7 @@ def read_inputs(args: argparse.Namespace, console: Console) -> Inputs:
 def _evaluate_beside_main(args: argparse.Namespace) -> int:
     """A multi-host run's process other than 0: the same computation, nothing printed or written."""
     inputs = read_inputs(args, Console(quiet=True))
-    with open_items(Path(args.out) / resume.ITEMS_FOLDER, inputs.fingerprint, args.fresh) as store:
+    with open_items(Path(args.out) / ITEMS_FOLDER, inputs.fingerprint, args.fresh) as store:
         evaluate(inputs.classifier, inputs.dataset, inputs.plan, profile=inputs.profile, reference=inputs.reference,
                  store=store)
     return 0
@@ -199,7 +200,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
                 console.print(TABLES[section](report))
                 printed.add(section)
 
-    with open_items(folder / resume.ITEMS_FOLDER, inputs.fingerprint, args.fresh) as store:
+    with open_items(folder / ITEMS_FOLDER, inputs.fingerprint, args.fresh) as store:
         for leftover in folder.glob(f".{out.name}.*.tmp"):  # of a killed run (the store's lock is ours)
             leftover.unlink()
         _remove_gallery(folder)

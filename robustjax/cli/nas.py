@@ -65,7 +65,7 @@ def load_nas_model(spec: str, weights: str | None, *, arch: str | None, supernet
 def cmd_nas_list(args: argparse.Namespace, console: Console) -> int:
     """One line per space: name, size, whether a trained supernet is bundled, description."""
     console.print(f"{'space (zoo model nas.SPACE)':31s} {'networks':>16s}  supernet  description", highlight=False)
-    for name in nas.list_spaces():
+    for name in nas.names():
         embedded = "bundled" if name in nas.models.EMBEDDED else "-"
         console.print(f"{name:31s} {len(nas.space(name)):>16,}  {embedded:8s}  {' '.join(nas.space_doc(name).split())}",
                       highlight=False, soft_wrap=True)

@@ -7,7 +7,7 @@ import dataclasses
 
 from rich.console import Console
 
-from robustjax.builtin_plans import builtin_plan_text
+from robustjax import builtin_plans
 from robustjax.evaluation import Plan, load_plan
 from robustjax.evaluation.plan import TrainingRun
 
@@ -30,7 +30,7 @@ def refuse_training(plan: Plan, spec: str | None) -> None:
 
 
 def cmd_plan_show(args: argparse.Namespace, console: Console) -> int:
-    console.print(builtin_plan_text(args.name), markup=False, highlight=False, soft_wrap=True, end="")
+    console.print(builtin_plans.get(args.name), markup=False, highlight=False, soft_wrap=True, end="")
     return 0
 
 

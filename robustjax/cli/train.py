@@ -36,8 +36,8 @@ class TrainDisplay(Display):
 
 
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
-    techniques = training.parse(args.technique)
-    entry = zoo.get_entry(args.model)
+    techniques = training.techniques.create(args.technique)
+    entry = zoo.get(args.model)
     check_model_for(args.model, techniques)
     build_kwargs: dict = {}
     if args.arch is not None:

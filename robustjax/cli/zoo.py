@@ -17,7 +17,7 @@ from robustjax.cli.nas import parse_arch, space_of_model
 
 def cmd_zoo_list(args: argparse.Namespace, console: Console) -> int:
     """The models matching the pattern, grouped by family, descriptions wrapped to the terminal."""
-    entries = sorted((zoo.get_entry(name) for name in zoo.list_models(args.pattern)),
+    entries = sorted((zoo.get(name) for name in zoo.names(args.pattern)),
                      key=lambda entry: (entry.family, entry.name))
     if not entries:
         console.print(f"no zoo model matches {args.pattern!r}; `robustjax zoo list` shows them all", highlight=False)

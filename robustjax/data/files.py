@@ -51,12 +51,13 @@ def _npz_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return arrays
 
 
-def _image_files(folder: Path) -> list[Path]:
+def image_files(folder: Path) -> list[Path]:
+    """The image files under ``folder`` (any depth), by every extension Pillow reads, sorted."""
     extensions = {ext.lower() for ext in Image.registered_extensions()}
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in extensions)
 
 
-def _with_image(file: Path, use):
+def with_image(file: Path, use):
     """``use(image)`` on the image in ``file``; an unreadable file is a ValueError naming it."""
     try:
         with Image.open(file) as image:
@@ -88,17 +89,17 @@ def from_folder(
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir())
     files, labels = [], []
     for label, class_dir in enumerate(class_dirs):
-        class_files = _image_files(class_dir)
+        class_files = image_files(class_dir)
         files += class_files
         labels += [label] * len(class_files)
     if not files:
         raise ValueError(f"{root}: expected one sub-folder of images per class, found no images")
     labels = np.asarray(labels, np.int32)
     if channels is None:
-        channels = 1 if all(_with_image(file, _is_grey) for file in files) else 3
+        channels = 1 if all(with_image(file, _is_grey) for file in files) else 3
 
     def load(file: Path) -> np.ndarray:
-        return _with_image(file, lambda image: to_array(image, channels=channels, image_size=image_size))
+        return with_image(file, lambda image: to_array(image, channels=channels, image_size=image_size))
 
     first = load(files[0])
 

@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image
 
 from robustjax.data.dataset import ImageDataset, check_channels
-from robustjax.data.files import _image_files, _with_image
+from robustjax.data.files import image_files, with_image
 from robustjax.data.preprocess import to_array
 from robustjax.data.tfds import from_tfds
 
@@ -187,7 +187,7 @@ def _labels_within(dataset: ImageDataset, subset: tuple[int, ...], name: str) ->
 def _image_reader(files: list[Path], labels: np.ndarray, channels: int, image_size: int | None,
                   shape: tuple[int, int, int]) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
     def load(file: Path) -> np.ndarray:
-        return _with_image(file, lambda image: to_array(image, channels=channels, image_size=image_size))
+        return with_image(file, lambda image: to_array(image, channels=channels, image_size=image_size))
 
     def read(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         images = []
@@ -205,7 +205,7 @@ def _image_reader(files: list[Path], labels: np.ndarray, channels: int, image_si
 def _channels_of(files: list[Path], channels: int | None) -> int:
     if channels is not None:
         return channels
-    grey = all(_with_image(file, lambda image: Image.getmodebase(image.mode) == "L") for file in files)
+    grey = all(with_image(file, lambda image: Image.getmodebase(image.mode) == "L") for file in files)
     return 1 if grey else 3
 
 
@@ -213,7 +213,7 @@ def check_one_size(files: list[Path], what: str) -> None:
     """Refuses image files of different sizes (read from their headers), naming two."""
     sizes = {}
     for file in files:
-        size = _with_image(file, lambda image: image.size)
+        size = with_image(file, lambda image: image.size)
         sizes.setdefault(size, file)
         if len(sizes) > 1:
             (a, file_a), (b, file_b) = list(sizes.items())[:2]
@@ -237,7 +237,7 @@ def wnid_folder(root: str | Path, *, allowed: tuple[str, ...] | None = None, ima
                          "ImageNet classes (wnids like n01498041)")
     files, labels = [], []
     for folder in folders:
-        found = _image_files(folder)
+        found = image_files(folder)
         files += found
         labels += [position[folder.name]] * len(found)
     if not files:
@@ -245,7 +245,7 @@ def wnid_folder(root: str | Path, *, allowed: tuple[str, ...] | None = None, ima
     if image_size is None and check_sizes:
         check_one_size(files, f"{name} ({root})")
     channels = _channels_of(files[:1], channels) if channels is None else channels
-    first = _with_image(files[0], lambda image: to_array(image, channels=channels, image_size=image_size))
+    first = with_image(files[0], lambda image: to_array(image, channels=channels, image_size=image_size))
     return ImageDataset(name=name, num_examples=len(files), num_classes=1000, image_shape=first.shape,
                         read=_image_reader(files, np.asarray(labels, np.int32), channels, image_size, first.shape))
 
@@ -258,13 +258,13 @@ def image_files_folder(root: str | Path, *, num_classes: int, image_size: int | 
     if not root.is_dir():
         raise ValueError(f"no folder of out-of-distribution images at {str(root)!r}")
     check_channels(channels)
-    files = _image_files(root)
+    files = image_files(root)
     if not files:
         raise ValueError(f"{root}: expected out-of-distribution images (any layout), found none")
     if image_size is None:
         check_one_size(files, str(root))
     channels = _channels_of(files, channels)
-    first = _with_image(files[0], lambda image: to_array(image, channels=channels, image_size=image_size))
+    first = with_image(files[0], lambda image: to_array(image, channels=channels, image_size=image_size))
     return ImageDataset(name=f"folder:{root}", num_examples=len(files), num_classes=num_classes,
                         image_shape=first.shape,
                         read=_image_reader(files, np.zeros(len(files), np.int32), channels, image_size, first.shape))

@@ -31,8 +31,8 @@ from jaxtyping import Array, Bool, Float, Int
 
 from robustjax import checks
 from robustjax.metrics.accumulator import Ratio, batch_count, setting
-from robustjax.noise.blur import gaussian_filter
-from robustjax.noise.jpeg import jpeg_round_trip
+from robustjax.ops.blur import gaussian_filter
+from robustjax.ops.jpeg import jpeg_round_trip
 
 # Gaussian blur standard deviation (pixels) and JPEG quality of RGB / RIC. AISafety blurs
 # with PIL radius 2 and compresses at quality 55; DEEPSEC uses radius 0.5 and Guetzli 90.
@@ -505,5 +505,5 @@ def _blur_8bit(x, sigma):
 
 def compress_for_ric(x: Float[Array, "b h w c"], quality: int = RIC_QUALITY) -> Float[Array, "b h w c"]:
     """The images RIC classifies: a baseline JPEG round trip at ``quality``
-    (:func:`robustjax.noise.jpeg_round_trip`, bit-exact with Pillow/libjpeg)."""
+    (:func:`robustjax.ops.jpeg.jpeg_round_trip`, bit-exact with Pillow/libjpeg)."""
     return jpeg_round_trip(x, quality)

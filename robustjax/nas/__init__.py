@@ -1,7 +1,7 @@
 """Neural architecture search spaces, the networks built from their configs, weight-sharing
 supernets, batch-norm recalibration and supernet training.
 
-    space = rj.nas.space("nb201")           # or "bignas_resnet_basic", ...; rj.nas.list_spaces()
+    space = rj.nas.space("nb201")           # or "bignas_resnet_basic", ...; rj.nas.names()
     space.config(11472).arch_string         # NAS-Bench-201's own ids and strings
     supernet = rj.nas.Supernet.load(folder) # or train_supernet(space, images, labels, out)
     clf = supernet.subnet(11472, calibration=train_images)
@@ -14,11 +14,20 @@ from robustjax.nas.build import build_network, build_supernet, choice
 from robustjax.nas.nb201 import NB201Config, NB201Space
 from robustjax.nas.population import Population
 from robustjax.nas.recalibrate import calibration_subset, recalibrate
-from robustjax.nas.space import Cost, SearchSpace, list_spaces, register_space, space, space_doc
+from robustjax.nas.space import (
+    Cost,
+    SearchSpace,
+    create,
+    get,
+    names,
+    register_space,
+    space,
+    space_doc,
+)
 from robustjax.nas.supernet import Supernet
 from robustjax.nas.train import TrainSettings, train_supernet
 
 __all__ = ["NAMED_SUBNETS", "BigNASConfig", "BigNASSpace", "Cost", "NB201Config", "NB201Space", "Population",
            "SearchSpace", "Supernet", "TrainSettings", "build_network", "build_supernet", "calibration_subset",
-           "choice", "list_spaces", "population", "recalibrate", "register_space", "space", "space_doc",
+           "choice", "create", "get", "names", "population", "recalibrate", "register_space", "space", "space_doc",
            "train_supernet"]

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from robustjax.nas.bignas import NUM_STAGES, BigNASConfig, BigNASSpace, make_divisible
-from robustjax.zoo.layers import conv_general_dilated
+from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.resnet_layers import batch_norm, global_average_pool
 
 

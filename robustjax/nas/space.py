@@ -1,4 +1,4 @@
-"""The search-space contract and the registry of spaces.
+"""The search-space contract and the registry of spaces (``names``, ``get``, ``create``).
 
 A search space is a frozen value: ``len(space)`` networks, numbered ``0 .. len - 1``;
 ``space.config(i)`` and ``space.index(config)`` map both ways; ``space.sample(key, n)`` draws
@@ -9,12 +9,13 @@ FLOPs. A config is a frozen, hashable dataclass with a stable string ``arch_id``
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
+
+from robustjax.registry import Registry
 
 # Input normalisations of the spaces' datasets (the networks normalise [0, 1] images).
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -112,35 +113,36 @@ def key_seed(key: jax.Array) -> list[int]:
     return words.ravel().tolist()
 
 
-_SPACES: dict[str, Callable[..., SearchSpace]] = {}
+_SPACES: Registry[Callable[..., SearchSpace]] = Registry("search space")
 
 
 def register_space(name: str):
     """Registers ``factory(**options) -> SearchSpace`` under ``name``."""
 
     def decorator(factory: Callable[..., SearchSpace]) -> Callable[..., SearchSpace]:
-        if name in _SPACES:
-            raise ValueError(f"search space {name!r} is already registered")
-        _SPACES[name] = factory
-        return factory
+        return _SPACES.register(name, factory)
 
     return decorator
 
 
-def list_spaces() -> list[str]:
-    """Names of the registered search spaces, sorted."""
-    return sorted(_SPACES)
+def names() -> list[str]:
+    """Names of the registered search spaces, in registration order."""
+    return _SPACES.names()
+
+
+def get(name: str) -> Callable[..., SearchSpace]:
+    """The factory ``factory(**options) -> SearchSpace`` registered as ``name``."""
+    return _SPACES.get(name)
 
 
 def space_doc(name: str) -> str:
     """The description of registered space ``name`` (its factory's docstring)."""
-    return (_SPACES[name].__doc__ or "").strip()
+    return (get(name).__doc__ or "").strip()
 
 
-def space(name: str, **options) -> SearchSpace:
-    """The search space ``name`` (``list_spaces()`` lists them), built with ``options``."""
-    if name not in _SPACES:
-        close = difflib.get_close_matches(name, list(_SPACES), n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown search space {name!r}{hint} (known: {', '.join(list_spaces())})")
-    return _SPACES[name](**options)
+def create(name: str, **options) -> SearchSpace:
+    """The search space ``name`` (``names()`` lists them), built with ``options``."""
+    return get(name)(**options)
+
+
+space = create  # the name the README and the command line build spaces by: rj.nas.space("nb201")

@@ -16,45 +16,9 @@ from jax import lax
 from jaxtyping import Array, Float, Int
 
 from robustjax.noise.registry import register_corruption
+from robustjax.ops.blur import filter_valid, gaussian_filter
 
 # ----------------------------------------------------------------------------- filters
-
-
-def _filter_valid(x: jax.Array, kernel: np.ndarray) -> jax.Array:
-    """Cross-correlates every channel of ``x`` with the 2-D ``kernel``, no padding ("valid").
-
-    By FFT, whose cost does not grow with the kernel (up to 49 x 49 here): on a 2-core CPU
-    it ran 12-25x faster than XLA's depthwise convolution at 224 x 224.
-    """
-    (kh, kw), (height, width) = kernel.shape, x.shape[1:3]
-    flipped = jnp.asarray(kernel[::-1, ::-1], x.dtype)
-    spectrum = (
-        jnp.fft.rfft2(x, axes=(1, 2)) * jnp.fft.rfft2(flipped, s=(height, width))[None, :, :, None]
-    )
-    full = jnp.fft.irfft2(spectrum, s=(height, width), axes=(1, 2))
-    # Circular wrap-around only reaches the first kh - 1 rows and kw - 1 columns.
-    return full[:, kh - 1 :, kw - 1 :, :].astype(x.dtype)
-
-
-def _gaussian_taps(sigma: float, truncate: float = 4.0) -> np.ndarray:
-    """The 1-D kernel of ``scipy.ndimage.gaussian_filter``: radius ``int(truncate * sigma + 0.5)``."""
-    radius = int(truncate * sigma + 0.5)
-    t = np.arange(-radius, radius + 1, dtype=np.float64)
-    taps = np.exp(-0.5 * (t / sigma) ** 2)
-    return taps / taps.sum()
-
-
-def gaussian_filter(x: Float[Array, "b h w c"], sigma: float) -> Float[Array, "b h w c"]:
-    """Gaussian blur of each channel, as ``skimage.filters.gaussian(x, sigma, channel_axis=-1)``.
-
-    Separable kernel truncated at 4 sigma; the border repeats the edge pixel (``"nearest"``).
-    """
-    taps = _gaussian_taps(sigma)
-    radius = len(taps) // 2
-    if radius == 0:
-        return x
-    padded = jnp.pad(x, ((0, 0), (radius, radius), (radius, radius), (0, 0)), mode="edge")
-    return _filter_valid(padded, np.outer(taps, taps))
 
 
 def _opencv_gaussian_taps(size: int, sigma: float) -> np.ndarray:
@@ -227,7 +191,7 @@ def defocus_blur(x: Float[Array, "b h w c"], c: tuple, key: jax.Array) -> Float[
     del key
     kernel = disk_kernel(*c)
     pad = kernel.shape[0] // 2
-    return _filter_valid(
+    return filter_valid(
         jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect"), kernel
     )
 

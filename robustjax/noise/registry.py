@@ -1,4 +1,5 @@
-"""The corruption registry and ``corrupt``, the one entry point for natural noise.
+"""The corruption registry (``names``, ``get``, ``create``) and ``corrupt``, the one entry
+point for natural noise.
 
 A corruption is a pure, batched function ``apply(x, c, key) -> x'`` on float32 NHWC
 images in [0, 1], where ``c`` holds the constants of one severity. Each corruption is
@@ -130,7 +131,7 @@ def corrupt(
     return _corrupt_jit(name, severity, preset, x, key)
 
 
-def corruption_fn(name: str, severity: int, preset: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
+def create(name: str, severity: int, preset: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The pure ``(x, key) -> x'`` of one corruption and severity, to compose inside other
     jitted code (it does not validate ``x``: :func:`corrupt` does)."""
     corruption = get(name)
@@ -144,6 +145,8 @@ def corruption_fn(name: str, severity: int, preset: str) -> Callable[[jax.Array,
     return lambda x, key: auto_axes_over_batch(apply, x)(x, key)
 
 
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _corrupt_jit(name: str, severity: int, preset: str, x: jax.Array, key: jax.Array) -> jax.Array:
-    return corruption_fn(name, severity, preset)(x, key)
+    return create(name, severity, preset)(x, key)

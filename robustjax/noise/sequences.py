@@ -24,6 +24,7 @@ where OpenCV's ``DIST_L2`` with a 5x5 mask is a chamfer approximation of it. Fra
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -36,19 +37,26 @@ from jaxtyping import Array, ArrayLike, Float
 
 from robustjax.checks import check_choice, check_images, check_key
 from robustjax.noise.registry import PRESETS, Preset, default_preset
-from robustjax.registry import unknown_name
+from robustjax.registry import Registry
 from robustjax.sharding import auto_axes_over_batch
 
 DIFFICULTIES: tuple[int, ...] = (1, 2, 3)
+FAMILIES: tuple[str, ...] = ("noise", "blur", "weather", "digital")
 MIN_SIZE = 8
 
-FAMILY: dict[str, str] = {
-    "gaussian_noise": "noise", "shot_noise": "noise", "speckle_noise": "noise",
-    "motion_blur": "blur", "zoom_blur": "blur", "gaussian_blur": "blur",
-    "snow": "weather", "spatter": "weather",
-    "brightness": "digital", "translate": "digital", "rotate": "digital", "tilt": "digital",
-    "scale": "digital", "shear": "digital",
-}
+
+@dataclasses.dataclass(frozen=True)
+class Perturbation:
+    """A registered perturbation: its name, its family (one of ``FAMILIES``) and
+    ``render(x, key, *, params, preset)``, the (T, H, W, C) frames of one (H, W, C) image
+    from the per-frame parameters (:func:`frame_parameters`)."""
+
+    name: str
+    family: str
+    render: Callable[..., jax.Array]
+
+
+_PERTURBATIONS: Registry[Perturbation] = Registry("perturbation")  # filled at the end of the module
 
 # Published frame counts; every other sequence has 31 frames.
 _LENGTH = {("translate", "imagenet"): 41, ("translate", "cifar"): 16, ("motion_blur", "cifar"): 21}
@@ -101,21 +109,26 @@ _LUMA = np.array([0.299, 0.587, 0.114], np.float32)       # OpenCV's RGB -> gray
 
 
 def names(family: str | None = None) -> list[str]:
-    """The perturbation names, optionally of one family (noise, blur, weather, digital)."""
+    """The perturbation names, in registration order, optionally of one family (noise,
+    blur, weather, digital)."""
     if family is not None:
-        check_choice(family, sorted(set(FAMILY.values())), "family")
-    return [name for name, f in FAMILY.items() if family is None or f == family]
+        check_choice(family, FAMILIES, "family")
+    return [name for name in _PERTURBATIONS if family is None or get(name).family == family]
+
+
+def get(name: str) -> Perturbation:
+    """The perturbation registered as ``name``."""
+    return _PERTURBATIONS.get(name)
 
 
 def is_noise(name: str) -> bool:
     """Whether flips along ``name``'s sequences are counted against the first frame."""
-    _check_name(name)
-    return FAMILY[name] == "noise"
+    return get(name).family == "noise"
 
 
 def default_length(name: str, preset: Preset) -> int:
     """The published number of frames of a ``name`` sequence."""
-    _check_name(name)
+    get(name)
     check_choice(preset, PRESETS, "preset")
     return _LENGTH.get((name, preset), 31)
 
@@ -126,7 +139,7 @@ def frame_parameters(name: str, *, preset: Preset, length: int | None = None, di
     Noise: the strength of each frame (Gaussian or speckle sigma, shot-noise photon count),
     0 for the clean first frame. Others: the walked parameter (see the module docstring).
     """
-    _check_name(name)
+    get(name)
     check_choice(preset, PRESETS, "preset")
     length = default_length(name, preset) if length is None else length
     check_length(length)
@@ -165,23 +178,26 @@ def perturbation_sequence(
     return sequence_frames(name, preset, length, difficulty, jnp.asarray(x, jnp.float32), key)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def sequence_frames(name: str, preset: str, length: int, difficulty: int, x: jax.Array, key: jax.Array) -> jax.Array:
+def create(name: str, *, preset: Preset, length: int | None = None,
+           difficulty: int = 1) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The pure ``(x, key) -> frames`` of perturbation ``name``, (B, H, W, C) images to
+    (B, T, H, W, C) frames, to compose inside other jitted code (it does not validate ``x``:
+    :func:`perturbation_sequence` does). ``length`` and ``difficulty`` as there."""
     params = frame_parameters(name, preset=preset, length=length, difficulty=difficulty)
-    render = functools.partial(_RENDER[name], params=params, preset=preset)
+    render = functools.partial(get(name).render, params=params, preset=preset)
 
     def frames(x, key):
         return jnp.clip(jax.vmap(render)(x, jax.random.split(key, x.shape[0])), 0.0, 1.0).astype(x.dtype)
 
-    return auto_axes_over_batch(frames, x)(x, key)
+    return lambda x, key: auto_axes_over_batch(frames, x)(x, key)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def sequence_frames(name: str, preset: str, length: int, difficulty: int, x: jax.Array, key: jax.Array) -> jax.Array:
+    return create(name, preset=preset, length=length, difficulty=difficulty)(x, key)
 
 
 # ----------------------------------------------------------------------------------- checks
-
-def _check_name(name) -> None:
-    if name not in FAMILY:
-        raise unknown_name("perturbation", name, FAMILY)
-
 
 def check_length(length) -> None:
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
@@ -196,7 +212,7 @@ def check_difficulty(difficulty) -> None:
 def check_arguments(x, name, key, length, difficulty, preset) -> tuple[str, int]:
     """Validates :func:`perturbation_sequence` arguments on the host; returns the preset and
     the length (defaults filled in) for :func:`sequence_frames`."""
-    _check_name(name)
+    get(name)
     check_images(x)
     if x.shape[-1] not in (1, 3):
         raise ValueError(f"x must have 1 or 3 channels, got shape {tuple(x.shape)}")
@@ -506,19 +522,20 @@ def _geometric(inverse: Callable[..., np.ndarray]):
     return render
 
 
-_RENDER = {
-    "gaussian_noise": _gaussian_noise,
-    "shot_noise": _shot_noise,
-    "speckle_noise": _speckle_noise,
-    "motion_blur": _motion_blur,
-    "zoom_blur": _zoom_blur,
-    "gaussian_blur": _gaussian_blur,
-    "snow": _snow,
-    "spatter": _spatter,
-    "brightness": _brightness,
-    "translate": _geometric(lambda h, w, p: _affine_inverse(h, w, translate=p)),
-    "rotate": _geometric(lambda h, w, p: _affine_inverse(h, w, angle=p)),
-    "tilt": _geometric(_tilt_inverse),
-    "scale": _geometric(lambda h, w, p: _affine_inverse(h, w, scale=p)),
-    "shear": _geometric(lambda h, w, p: _affine_inverse(h, w, shear=p)),
-}
+for _name, _family, _render in (
+    ("gaussian_noise", "noise", _gaussian_noise),
+    ("shot_noise", "noise", _shot_noise),
+    ("speckle_noise", "noise", _speckle_noise),
+    ("motion_blur", "blur", _motion_blur),
+    ("zoom_blur", "blur", _zoom_blur),
+    ("gaussian_blur", "blur", _gaussian_blur),
+    ("snow", "weather", _snow),
+    ("spatter", "weather", _spatter),
+    ("brightness", "digital", _brightness),
+    ("translate", "digital", _geometric(lambda h, w, p: _affine_inverse(h, w, translate=p))),
+    ("rotate", "digital", _geometric(lambda h, w, p: _affine_inverse(h, w, angle=p))),
+    ("tilt", "digital", _geometric(_tilt_inverse)),
+    ("scale", "digital", _geometric(lambda h, w, p: _affine_inverse(h, w, scale=p))),
+    ("shear", "digital", _geometric(lambda h, w, p: _affine_inverse(h, w, shear=p))),
+):
+    _PERTURBATIONS.register(_name, Perturbation(_name, _family, _render))

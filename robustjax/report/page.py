@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from robustjax.evaluation.resume import write_atomically
+from robustjax.files import write_atomically
 
 CSS = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1000px; padding: 1em 2em; color: #222; }

@@ -32,13 +32,13 @@ def render_sweep_html(table: analyze.Table, title: str) -> str:
     parts = [f"<p>{len(table.rows)} networks; figures: {page.escape(', '.join(table.figures))}.</p>"]
     for cost in analyze.COSTS:
         parts.append(f"<h2 id=against-{cost}>Robustness against {cost}</h2>" + page.figure(
-            _analysis_svg(lambda f, cost=cost: analyze._plot_costs(table, cost, f), f"sweep-{cost}"),
+            _analysis_svg(lambda f, cost=cost: analyze.plot_costs(table, cost, f), f"sweep-{cost}"),
             f"Each figure (accuracy) of every network against its {cost} (log scale)."))
     parts.append(page.table(["figure", "cost", "n", "Kendall tau", "Spearman rho"], [
         [page.escape(c["figure"]), page.escape(c["cost"]), str(c["n"]), page.number(c["kendall_tau"], 3),
          page.number(c["spearman_rho"], 3)] for c in costs], numeric={2, 3, 4}))
     parts.append("<h2 id=correlations>Rank correlations between noise types</h2>" + page.figure(
-        _analysis_svg(lambda f: analyze._plot_correlations(table, correlations, f), "sweep-correlations"),
+        _analysis_svg(lambda f: analyze.plot_correlations(table, correlations, f), "sweep-correlations"),
         "Kendall's tau between the networks' rankings by each pair of figures."))
     statistics = ("kendall_tau", "kendall_p", "spearman_rho", "spearman_p")
     parts.append(page.table(["a", "b", "n", "Kendall tau", "p", "Spearman rho", "p"], [

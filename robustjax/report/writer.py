@@ -6,8 +6,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from robustjax.evaluation.resume import ITEMS_FOLDER, store_is_held, write_atomically
-from robustjax.evaluation.runner import SCHEMA_VERSION
+from robustjax.files import write_atomically
+from robustjax.output_folder import ITEMS_FOLDER, SCHEMA_VERSION, store_is_held
 
 
 def write_report(path: str | Path, report: dict) -> None:

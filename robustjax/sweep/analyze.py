@@ -174,7 +174,8 @@ def _grid(n: int, width: float = 4.0, height: float = 3.2):
     return fig, axes[:n]
 
 
-def _plot_costs(table: Table, cost: str, path: pathlib.Path) -> None:
+def plot_costs(table: Table, cost: str, path: pathlib.Path) -> None:
+    """Saves to ``path`` each figure of every network against its ``cost`` (log scale)."""
     fig, axes = _grid(len(table.figures))
     for ax, figure in zip(axes, table.figures):
         y, x = _pairs(table, figure, cost)
@@ -183,7 +184,8 @@ def _plot_costs(table: Table, cost: str, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def _plot_correlations(table: Table, correlations: list[dict], path: pathlib.Path) -> None:
+def plot_correlations(table: Table, correlations: list[dict], path: pathlib.Path) -> None:
+    """Saves to ``path`` the Kendall tau matrix of ``correlations`` (:func:`rank_correlations`)."""
     k = len(table.figures)
     tau = np.eye(k)
     index = {f: i for i, f in enumerate(table.figures)}
@@ -307,9 +309,9 @@ def analyze(table: Table, out: str | pathlib.Path) -> dict:
         _plot_pareto(clean, robust, front, figure, out / f"{name}.png")
         files += [f"{name}.csv", f"{name}.png"]
     for cost in COSTS:
-        _plot_costs(table, cost, out / f"scatter_{cost}.png")
+        plot_costs(table, cost, out / f"scatter_{cost}.png")
         files.append(f"scatter_{cost}.png")
-    _plot_correlations(table, correlations, out / "correlations.png")
+    plot_correlations(table, correlations, out / "correlations.png")
     _plot_dimensions(table, effects, out / "dimensions.png")
     (out / "summary.md").write_text(_summary(table, correlations, effects, fronts))
     return {"files": sorted(files), "networks": len(table.rows)}

@@ -72,7 +72,7 @@ def grid(models: Sequence[str], run: TrainingRun, dataset: str) -> list[TrainedN
         if ":" in model:
             raise ValueError(f"a sweep with a [training] table trains zoo models; {model!r} is not one "
                              "(`robustjax zoo list` lists them)")
-        family = zoo.get_entry(model).family
+        family = zoo.get(model).family
         for techniques in run.techniques:
             check_model_for(model, techniques)
             recipe = run.recipe_for(family, techniques)

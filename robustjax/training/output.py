@@ -13,14 +13,16 @@ import jax
 import optax
 
 from robustjax.training.recipe import Recipe
-from robustjax.training.techniques import Techniques, describe
-from robustjax.zoo.registry import count_params, get_entry
+from robustjax.training.techniques import Techniques
+from robustjax.training.techniques import get as get_technique
+from robustjax.zoo.registry import count_params
+from robustjax.zoo.registry import get as get_model
 from robustjax.zoo.weights import save_weights
 
 
 def check_model_for(model: str, techniques: Techniques) -> None:
     """Refuses techniques the zoo model ``model`` cannot take (before training)."""
-    entry = get_entry(model)
+    entry = get_model(model)
     if "reparam" in techniques and (entry.family != "repvgg" or model.endswith("_deploy")):
         raise ValueError(f"technique 'reparam' fuses a training-time RepVGG into its deploy form; {model!r} is "
                          f"{'already the deploy form' if model.endswith('_deploy') else 'not a RepVGG'}")
@@ -47,7 +49,7 @@ def save_trained(out: str | Path, result, *, model: str, recipe: Recipe, techniq
     save_weights(out / "weights", classifier.params)
     card = {
         "name": name,
-        "family": get_entry(name).family,
+        "family": get_model(name).family,
         "num_classes": classifier.num_classes,
         "build_kwargs": build_kwargs or {},
         "num_params": count_params(classifier),
@@ -59,7 +61,7 @@ def save_trained(out: str | Path, result, *, model: str, recipe: Recipe, techniq
         },
         "training": {
             "dataset": dataset,
-            "techniques": {n: describe()[n] for n in techniques.names},
+            "techniques": {n: get_technique(n).description for n in techniques.names},
             "recipe": dataclasses.asdict(recipe),
             "steps": result.steps,
             "final_metrics": result.last_metrics,

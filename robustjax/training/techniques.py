@@ -1,20 +1,33 @@
 """Training techniques by name, and which of them combine.
 
 RobustART (Tang et al., arXiv 2109.05211, section 3 of reference/robustart.md) toggles one
-technique at a time on its aligned baseline recipe. Here each technique is a name;
-:func:`parse` turns ``"pgd_at,no_ema"`` into a validated :class:`Techniques` value. Names
-that cannot act together (two ways of making the batch, or a switch and its opposite) are
-refused with the reason.
+technique at a time on its aligned baseline recipe. Here each technique is a name:
+:func:`names` lists them, :func:`get` gives one's :class:`Technique` and :func:`create`
+turns ``"pgd_at,no_ema"`` into a validated :class:`Techniques` value. Names that cannot act
+together (two ways of making the batch, or a switch and its opposite) are refused with the
+reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from robustjax.registry import unknown_name
+from robustjax.registry import Registry
 
-# name: (group, what it does). Techniques of one group other than "switch" exclude each other.
-TECHNIQUES: dict[str, tuple[str, str]] = {
+
+@dataclasses.dataclass(frozen=True)
+class Technique:
+    """A registered technique: its name, its group (techniques of the ``"batch"`` group
+    decide what a step trains on and exclude each other, ``"switch"`` ones combine) and
+    what it does."""
+
+    name: str
+    group: str
+    description: str
+
+
+_TECHNIQUES: Registry[Technique] = Registry("technique")
+for _name, (_group, _description) in {
     "pgd_at": ("batch", "RobustART's PGD adversarial training: linf eps 16/255, 20 steps of eps/15, random start, "
                         "examples made with the model in eval mode; the loss is over the clean and the adversarial "
                         "half of a doubled batch"),
@@ -38,7 +51,8 @@ TECHNIQUES: dict[str, tuple[str, str]] = {
                             "ViT-B/16 and Mixer-B/16 'withdrop' (the baseline trains without)"),
     "reparam": ("switch", "RepVGG: write the re-parameterised deploy form (one 3x3 conv per block) of the trained "
                           "network"),
-}
+}.items():
+    _TECHNIQUES.register(_name, Technique(_name, _group, _description))
 ADVERSARIAL = ("pgd_at", "madry", "trades", "fast_at")
 MIXING = ("mixup", "cutmix")  # these two combine with each other: RobustART's "augmentation"
 DROP_PATH_RATE = 0.1  # the drop_path technique's rate (the recipe's drop_path_rate overrides it)
@@ -66,28 +80,35 @@ class Techniques:
         return ",".join(self.names) or "baseline"
 
 
-def parse(spec: str | list[str] | tuple[str, ...] | None) -> Techniques:
+def names() -> list[str]:
+    """Names of the registered techniques, in registration order."""
+    return _TECHNIQUES.names()
+
+
+def get(name: str) -> Technique:
+    """The technique registered as ``name``."""
+    return _TECHNIQUES.get(name)
+
+
+def create(spec: str | list[str] | tuple[str, ...] | None) -> Techniques:
     """``"pgd_at,no_ema"`` (or a list of names) as :class:`Techniques`; empty or None is the
     baseline recipe. Unknown names are refused naming the closest and all valid ones;
     techniques that cannot combine are refused saying why."""
     if spec is None:
-        names: list[str] = []
+        chosen: list[str] = []
     elif isinstance(spec, str):
-        names = [n.strip() for n in spec.split(",") if n.strip()]
+        chosen = [n.strip() for n in spec.split(",") if n.strip()]
     else:
-        names = [str(n).strip() for n in spec]
-    for name in names:
-        if name not in TECHNIQUES:
-            raise unknown_name("technique", name, TECHNIQUES)
-    if len(set(names)) != len(names):
-        raise ValueError(f"technique list {names} names a technique twice")
-    batch = [n for n in names if TECHNIQUES[n][0] == "batch"]
+        chosen = [str(n).strip() for n in spec]
+    batch = [n for n in chosen if get(n).group == "batch"]
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"technique list {chosen} names a technique twice")
     if len(batch) > 1 and set(batch) != set(MIXING):
         first, second = batch[0], next(n for n in batch[1:] if not {batch[0], n} <= set(MIXING))
         raise ValueError(f"techniques {first!r} and {second!r} cannot combine: each decides what a step trains on "
                          f"({_what(first)} vs {_what(second)}); choose one (of the batch techniques only mixup and "
                          "cutmix combine, switching with probability 0.5)")
-    return Techniques(tuple(sorted(names)))
+    return Techniques(tuple(sorted(chosen)))
 
 
 def _what(name: str) -> str:
@@ -96,8 +117,3 @@ def _what(name: str) -> str:
     if name in MIXING:
         return "mixed images with soft labels"
     return "augmented views with a consistency loss"
-
-
-def describe() -> dict[str, str]:
-    """Each technique's one-line description."""
-    return {name: text for name, (_, text) in TECHNIQUES.items()}

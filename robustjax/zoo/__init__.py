@@ -1,4 +1,8 @@
-"""Model zoo: registered architectures returning :class:`robustjax.Classifier`."""
+"""Model zoo: registered architectures returning :class:`robustjax.Classifier`.
+
+The NAS spaces' networks (``nas.SPACE``) register themselves when :mod:`robustjax.nas` is
+imported (NAS builds on the zoo, not the other way round); ``rj.zoo`` imports it for you.
+"""
 
 from robustjax.zoo import densenet as _densenet  # noqa: F401  (each module registers its models)
 from robustjax.zoo import digits_cnn as _digits_cnn  # noqa: F401
@@ -22,15 +26,12 @@ from robustjax.zoo.registry import (
     count_flops,
     count_params,
     create,
-    get_entry,
-    list_models,
+    get,
     load,
+    names,
     register_model,
 )
 from robustjax.zoo.repvgg import reparameterize as repvgg_reparameterize
 
-__all__ = ["card", "convert_checkpoint", "count_flops", "count_params", "create", "from_torch", "get_entry",
-           "list_models", "load", "register_model", "repvgg_reparameterize"]
-
-# The NAS spaces' models (nas.SPACE) register themselves; imported last because they use the zoo.
-from robustjax.nas import models as _nas_models  # noqa: E402, F401
+__all__ = ["card", "convert_checkpoint", "count_flops", "count_params", "create", "from_torch", "get", "load",
+           "names", "register_model", "repvgg_reparameterize"]

@@ -24,7 +24,7 @@ from flax import nnx
 
 from robustjax.classifier import Classifier
 from robustjax.zoo.abstract import build_abstract
-from robustjax.zoo.registry import get_entry
+from robustjax.zoo.registry import get as get_model
 from robustjax.zoo.weights import check_compatible, save_weights
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -175,7 +175,7 @@ def from_torch(
     architecture that the state dict belongs to. The model is built abstractly, so no random
     initialisation is spent on weights that are replaced.
     """
-    entry = get_entry(name)
+    entry = get_model(name)
     if entry.convert is None:
         raise ValueError(f"model {name!r} has no PyTorch converter")
     classifier = build_abstract(entry.build, **build_kwargs)
@@ -202,7 +202,7 @@ def convert_checkpoint(name: str, checkpoint: str | Path, out: str | Path, **bui
         "num_classes": classifier.num_classes,
         "build_kwargs": {k: v for k, v in build_kwargs.items() if k != "num_classes"},
         "source": {"file": str(checkpoint.resolve()), "sha256": hashlib.sha256(checkpoint.read_bytes()).hexdigest(),
-                   "torch_source": get_entry(name).torch_source},
+                   "torch_source": get_model(name).torch_source},
     }
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     return out

@@ -6,8 +6,9 @@ import jax
 from flax import nnx
 
 from robustjax.classifier import Classifier
+from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.assets import asset_dir, read_card
-from robustjax.zoo.layers import conv_general_dilated, max_pool_2x2
+from robustjax.zoo.layers import max_pool_2x2
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.weights import load_weights
 

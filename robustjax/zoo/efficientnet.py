@@ -27,9 +27,9 @@ from jaxtyping import Array, Float
 
 from robustjax.checks import check_positive_float
 from robustjax.classifier import Classifier
+from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.convert import TorchWeights
 from robustjax.zoo.drop_path import DropPath, residual
-from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.mobilenet_v2 import (
     IMAGENET_MEAN,
     IMAGENET_STD,

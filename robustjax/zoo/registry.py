@@ -1,4 +1,4 @@
-"""The model registry: ``register_model``, ``create``, ``list_models`` and model cards."""
+"""The model registry: ``register_model``, ``names``, ``get``, ``create`` and model cards."""
 
 from __future__ import annotations
 
@@ -83,12 +83,12 @@ def _random_weights_only(name: str, build: Callable[..., Classifier]) -> Callabl
     return build_random
 
 
-def list_models(pattern: str = "*") -> list[str]:
-    """Registered model names matching a glob ``pattern``, sorted."""
-    return sorted(name for name in _MODELS if fnmatch.fnmatch(name, pattern))
+def names(pattern: str = "*") -> list[str]:
+    """Registered model names matching a glob ``pattern``, in registration order."""
+    return [name for name in _MODELS if fnmatch.fnmatch(name, pattern)]
 
 
-def get_entry(name: str) -> ModelEntry:
+def get(name: str) -> ModelEntry:
     """The registered model ``name``."""
     return _MODELS.get(name)
 
@@ -107,7 +107,7 @@ def create(
     its ``weights/`` checkpoint replaces the parameters and its ``card.json`` gives the class
     count. ``key`` seeds the random initialisation (default ``jax.random.key(0)``).
     """
-    entry = get_entry(name)
+    entry = get(name)
     key = jax.random.key(0) if key is None else key
     if weights is not None:
         return _with_stored_weights(entry, Path(weights), key, kwargs)
@@ -150,8 +150,8 @@ def card(name: str, **kwargs) -> dict:
     normalisation and weight source. Built abstractly: no parameters are allocated."""
     from robustjax.zoo.abstract import build_abstract
 
-    abstract = build_abstract(get_entry(name).build, **kwargs)
-    entry = get_entry(name)
+    entry = get(name)
+    abstract = build_abstract(entry.build, **kwargs)
     return {
         "name": name,
         "family": entry.family,

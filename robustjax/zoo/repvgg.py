@@ -20,8 +20,8 @@ from flax import nnx
 
 from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
+from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.convert import TorchWeights
-from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 from robustjax.zoo.resnet_layers import batch_norm, conv, global_average_pool
 

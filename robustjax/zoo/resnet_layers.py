@@ -9,8 +9,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.convert import TorchWeights
-from robustjax.zoo.layers import conv_general_dilated
 
 
 def batch_norm(features: int, rngs: nnx.Rngs) -> nnx.BatchNorm:

@@ -30,9 +30,9 @@ from jaxtyping import Array, Float
 
 from robustjax.checks import check_positive_float, check_positive_int
 from robustjax.classifier import Classifier
+from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.convert import TorchWeights
 from robustjax.zoo.drop_path import DropPath, linear_scales, residual
-from robustjax.zoo.layers import conv_general_dilated
 from robustjax.zoo.registry import register_model
 
 # timm's pretrained_cfg: the augreg ViT weights expect inputs scaled to [-1, 1]; DeiT the
