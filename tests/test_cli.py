@@ -5,10 +5,12 @@ import sys
 
 import jax
 import jsonschema
+import numpy as np
 import pytest
 
 from robustjax.cli import main
 from robustjax.compile_cache import use_compile_cache
+from robustjax.evaluation import default_plan, runner
 from robustjax.report import schema
 
 
@@ -85,22 +87,28 @@ def test_default_evaluation_as_in_the_quick_start(tmp_path):
     assert clean >= 0.95
     strongest = max((a for a in report["attacks"] if a["name"] == "pgd"), key=lambda a: a["params"]["eps"])
     assert strongest["robust_accuracy"] < clean - 0.5
-    metrics = report["metrics"]["results"]
-    assert {m["index"] for m in metrics} - {None} == set(range(1, 24))
-    assert all(m["status"] == "ok" for m in metrics)
+    metrics = {m["name"]: m for m in report["metrics"]["results"]}
+    assert {m["index"] for m in metrics.values()} - {None} == set(range(1, 24))
+    assert all(m["status"] == "ok" for m in metrics.values())
+    # AAW is the PGD eps=0.1 entry's accuracy under attack, from its stored per-example record
+    records = runner.item_names(default_plan("digits"))
+    with np.load(tmp_path / "items" / f"{records['attack-1']}.npz") as pgd, \
+            np.load(tmp_path / "items" / f"{records['clean']}.npz") as clean_item:
+        under_attack, clean_correct = pgd["correct"][1], clean_item["correct"]
+    entry = next(a for a in report["attacks"] if a["name"] == "pgd" and a["params"]["eps"] == 0.1)
+    assert metrics["AAW"]["settings"]["entry"] == "pgd eps=0.1" and metrics["AAW"]["value"] == under_attack.mean()
+    assert entry["robust_accuracy"] == (under_attack & clean_correct).mean()
+    assert metrics["mCE"]["value"] == report["corruptions"]["mce"]  # one mCE
 
 
 def test_metrics_on_a_dataset_without_splits_skip_the_neuron_bounds(tmp_path, capsys):
-    import numpy as np
-
     import robustjax as rj
 
     x, y = rj.data.digits("test").arrays(limit=16)
     np.savez(tmp_path / "digits.npz", images=x, labels=y)
     plan = tmp_path / "plan.toml"
     plan.write_text('batch_size = 16\n[sanity]\nenabled = false\n[metrics]\nattack = { name = "fgsm", eps = 0.2 }\nebd_directions = 4\n'
-                    'ebd2_step = 0.05\nebd2_max_steps = 5\ncorruptions = ["brightness"]\nseverities = [1]\n'
-                    'mce_baseline = "reference"\n')
+                    'ebd2_step = 0.05\nebd2_max_steps = 5\n')
     code, out, err = run(capsys, "evaluate", "--dataset", str(tmp_path / "digits.npz"), "--plan", str(plan),
                          "--out", str(tmp_path))
     assert code == 0, err

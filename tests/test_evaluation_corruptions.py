@@ -67,6 +67,21 @@ def test_summary_by_hand():
     assert summary["mean_error_by_family"] == pytest.approx({"weather": 0.3, "digital": 0.5})
 
 
+def test_a_reference_baseline_is_normalised_by_its_own_errors_and_undefined_where_it_does_not_degrade():
+    run = CorruptionRun(names=("fog", "contrast"), severities=(1, 2), baseline="reference")
+    rows = {"fog": ([0.2, 0.4], [0.3, 0.5]), "contrast": ([0.1, 0.1], [0.1, 0.1])}  # (model, reference) errors
+    results = [{"name": n, "family": "weather" if n == "fog" else "digital", "severity": s + 1, "accuracy": 1 - e,
+                "error": e, "baseline_error": b} for n, (errs, base) in rows.items()
+               for s, (e, b) in enumerate(zip(errs, base))]
+    # the reference errs 0.1 on clean images: as much as under contrast, so contrast's relative CE is undefined
+    summary = runner.corruption_summary(results, run, clean_error=0.05, baseline_clean_error=0.1)
+    assert summary["per_corruption"][0]["ce"] == pytest.approx(0.6 / 0.8)
+    assert summary["per_corruption"][0]["relative_ce"] == pytest.approx((0.15 + 0.35) / (0.2 + 0.4))
+    assert summary["mce"] == pytest.approx((0.6 / 0.8 + 1.0) / 2)
+    assert summary["relative_mce"] is None and summary["per_corruption"][1]["relative_ce"] is None
+    assert "makes no more error than on clean images under ['contrast']" in summary["relative_mce_reason"]
+
+
 @pytest.fixture(scope="module")
 def corruption_report(digits_clf):
     plan = Plan(runs=(), corruptions=CorruptionRun(names=("brightness", "gaussian_noise"), severities=(1, 5)),
@@ -99,14 +114,14 @@ def test_corruption_accuracy_matches_a_direct_computation(corruption_report, dig
 
 
 def test_a_failing_corruption_is_recorded_and_the_rest_still_run(digits_clf, monkeypatch):
-    real = runner._predict_corrupted
+    real = runner._corrupt
 
-    def flaky(name, severity, preset, classifier, x, key):
+    def flaky(name, severity, preset, x, key):
         if name == "brightness":
             raise RuntimeError("broken corruption")
-        return real(name, severity, preset, classifier, x, key)
+        return real(name, severity, preset, x, key)
 
-    monkeypatch.setattr(runner, "_predict_corrupted", flaky)
+    monkeypatch.setattr(runner, "_corrupt", flaky)
     plan = Plan(runs=(), corruptions=CorruptionRun(names=("brightness", "contrast"), severities=(2,)),
                 batch_size=40, num_examples=40)
     report = evaluate(digits_clf, rj.data.digits("test"), plan)

@@ -1,5 +1,6 @@
 """The metrics section of ``robustjax evaluate``: the 23 metrics, grouped, with directions,
-streamed over padded, sharded batches."""
+streamed over padded, sharded batches, on the adversarial examples of the attack entry they
+name; CA, AAW, ASR, AAB and mCE read from the records of the clean, attack and corruption items."""
 
 import dataclasses
 import math
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import robustjax as rj
-from robustjax.evaluation import metric_suite
+from robustjax.evaluation import metric_suite, resume, runner
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.metrics import behaviour
 from robustjax.report import schema
@@ -25,14 +26,14 @@ SMALL = {
     "ebd2_step": 0.02,
     "ebd2_max_steps": 20,
     "rgb_sigma": 0.5,
-    "corruptions": ["brightness", "contrast"],  # deterministic, like FGSM
-    "severities": [1, 3],
 }
+# deterministic, like FGSM
+CORRUPTIONS = {"names": ["brightness", "contrast"], "severities": [3, 5], "baseline": "reference"}
 
 
-def _plan(batch_size: int, num_examples: int = 40, **metrics):
+def _plan(batch_size: int, num_examples: int = 40, corruptions: dict | None = CORRUPTIONS, **metrics):
     return plan_from_dict({"batch_size": batch_size, "num_examples": num_examples, "metrics": {**SMALL, **metrics},
-                           "sanity": {"enabled": False}})
+                           "sanity": {"enabled": False}, **({"corruptions": corruptions} if corruptions else {})})
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,20 @@ def datasets():
 
 
 @pytest.fixture(scope="module")
-def report(models, datasets):
+def stored(models, datasets, tmp_path_factory):
+    """The report of the small plan, and the item store its records were kept in."""
     model, reference = models
     test, train = datasets
-    return rj.evaluation.evaluate(model, test, _plan(16), profile=train, reference=reference)
+    plan = _plan(16)
+    fingerprint = resume.fingerprint(model, test, plan, {}, profile=train, reference=reference)
+    with resume.ItemStore.open(tmp_path_factory.mktemp("items"), fingerprint) as store:
+        report = rj.evaluation.evaluate(model, test, plan, profile=train, reference=reference, store=store)
+        yield report, {part: store.load(name) for part, name in runner.item_names(plan).items()}, store
+
+
+@pytest.fixture(scope="module")
+def report(stored):
+    return stored[0]
 
 
 def _by_name(report) -> dict[str, dict]:
@@ -74,15 +85,36 @@ def test_all_23_metrics_are_reported_in_the_papers_groups_with_directions(report
 
 def test_values_agree_with_the_other_sections_and_with_each_other(report):
     values = {name: entry["value"] for name, entry in _by_name(report).items()}
-    assert values["CA"] == pytest.approx(report["clean"]["accuracy"])
+    assert values["CA"] == report["clean"]["accuracy"]
     assert values["AAW"] + values["ASR"] == pytest.approx(1.0)  # untargeted, over every example
     assert values["CAV"] == pytest.approx(values["CRR"] - values["CSR"])
     assert 0 <= values["SNAC"] <= 1 and values["NBC"] >= values["SNAC"] / 2
     assert 1 <= values["TKNP"] <= 40 and values["TKNP"] == int(values["TKNP"])
-    errors = report["metrics"]["corruption_errors"]
-    model, reference = np.array(errors["model"]), np.array(errors["reference"])
-    assert model.shape == reference.shape == (2, 2)
-    assert values["mCE"] == pytest.approx(np.mean(model.sum(1) / reference.sum(1)), rel=1e-6)
+    # one mCE: the corruption section's, against the reference's errors on the same images
+    assert values["mCE"] == report["corruptions"]["mce"] and values["relative_mCE"] == report["corruptions"]["relative_mce"]
+    assert _by_name(report)["mCE"]["settings"]["baseline"] == "reference"
+
+
+def test_aaw_aab_and_mce_are_the_stored_records_of_the_items_they_name(stored):
+    report, items, _ = stored
+    values = {name: entry["value"] for name, entry in _by_name(report).items()}
+    clean_correct = items["clean"].arrays["correct"]
+    # the metrics' FGSM at eps 0.2 is not among the plan's attacks: it is added as the last entry
+    (entry,) = [a for a in report["attacks"] if a["name"] == "fgsm"]
+    assert _by_name(report)["AAW"]["settings"]["entry"] == "fgsm eps=0.2"
+    adversarial_correct = items[f"attack-{len(report['attacks']) - 1}"].arrays["correct"][0]
+    assert values["AAW"] == adversarial_correct.mean()
+    assert entry["robust_accuracy"] == (adversarial_correct & clean_correct).mean()
+    differ = int((adversarial_correct & ~clean_correct).sum())
+    assert f"differ by {differ} such example(s) of 40" in _by_name(report)["AAW"]["settings"]["differs_from_robust_accuracy"]
+    assert values["AAB"] == items["metrics"].arrays["transfer_correct"].mean()
+    # mCE from the corruption items' per-example records of the model and the reference
+    records = [resume.Scoped(stored[2], runner.corruption_scope(_plan(16))).load(f"corruption-{i}-{name}")
+               for i, name in enumerate(CORRUPTIONS["names"])]
+    errors = np.array([1 - r.arrays["correct"].mean(axis=1) for r in records])
+    baseline = np.array([1 - r.arrays["baseline_correct"].mean(axis=1) for r in records])
+    assert errors.shape == baseline.shape == (2, 2)
+    assert values["mCE"] == pytest.approx(np.mean(errors.sum(1) / baseline.sum(1)), rel=1e-6)
 
 
 def test_streamed_values_do_not_depend_on_batching_or_padding(report, models, datasets):
@@ -98,7 +130,7 @@ def test_streamed_values_do_not_depend_on_batching_or_padding(report, models, da
 def test_section_values_equal_the_library_functions_on_the_same_examples(report, models, datasets):
     model, _ = models
     x, y = datasets[0].arrays(limit=40)
-    attack = rj.attacks.make("fgsm", eps=0.2)
+    attack = rj.attacks.create("fgsm", eps=0.2)
     x_adv = attack(model, x, y, key=jax.random.key(0)).x_adv
     logits_adv = model(x_adv)
     values = {name: entry["value"] for name, entry in _by_name(report).items()}
@@ -113,12 +145,13 @@ def test_section_values_equal_the_library_functions_on_the_same_examples(report,
 
 def test_missing_inputs_are_reported_as_skipped_with_a_reason(models, datasets):
     model, _ = models
-    plan = _plan(20, num_examples=20, reference=None)
+    plan = _plan(20, num_examples=20, corruptions=None, reference=None)
     report = rj.evaluation.evaluate(model, datasets[0], plan)
     entries = _by_name(report)
     for name in ("KMNC", "NBC", "SNAC", "AAB", "mCE", "relative_mCE", "CAV", "COS"):
         assert entries[name]["status"] == "skipped" and entries[name]["value"] is None
     assert "reference model" in entries["AAB"]["reason"] and "profiling set" in entries["KMNC"]["reason"]
+    assert "no [corruptions] table" in entries["mCE"]["reason"]
     assert entries["TKNC"]["status"] == entries["EBD"]["status"] == "ok"
     assert report["metrics"]["status"] == "ok"
     jsonschema.validate(report, schema())
@@ -128,7 +161,7 @@ def test_a_profiling_set_of_another_image_size_is_skipped_by_name(models, datase
     model, _ = models
     x, y = datasets[1].arrays(limit=8)
     larger = rj.data.from_arrays(np.pad(x, ((0, 0), (4, 4), (4, 4), (0, 0))), y, name="padded digits", num_classes=10)
-    plan = _plan(20, num_examples=20, reference=None, corruptions=["brightness"], severities=[1])
+    plan = _plan(20, num_examples=20, corruptions=None, reference=None)
     entries = _by_name(rj.evaluation.evaluate(model, datasets[0], plan, profile=larger))
     for name in ("KMNC", "NBC", "SNAC"):
         assert entries[name]["status"] == "skipped"
@@ -143,7 +176,7 @@ def test_a_metric_undefined_on_the_data_has_no_value_but_a_reason(models, datase
     correct = np.asarray(jnp.argmax(model(x), -1)) == y
     dataset = rj.data.from_arrays(x[correct][:16], y[correct][:16], name="correct digits", num_classes=10)
     # eps 0 on correctly classified examples fools none: metrics over the success set are undefined.
-    plan = _plan(16, num_examples=16, attack={"name": "fgsm", "eps": 0.0}, corruptions=["brightness"], severities=[1])
+    plan = _plan(16, num_examples=16, corruptions=None, attack={"name": "fgsm", "eps": 0.0})
     entries = _by_name(rj.evaluation.evaluate(model, dataset, plan, profile=datasets[1], reference=reference))
     for name in ("ACAC", "NTE", "ASS", "RGB"):
         assert entries[name]["status"] == "undefined" and entries[name]["value"] is None
@@ -151,21 +184,21 @@ def test_a_metric_undefined_on_the_data_has_no_value_but_a_reason(models, datase
     assert entries["AAW"]["status"] == "ok"
 
 
-def test_a_failing_phase_keeps_the_other_metrics(models, datasets, monkeypatch):
+def test_failed_corruptions_leave_mce_without_a_value_and_keep_the_other_metrics(models, datasets, monkeypatch):
     model, reference = models
 
     def broken(*args, **kwargs):
         raise RuntimeError("corruption exploded")
 
-    monkeypatch.setattr(metric_suite.noise, "corrupt", broken)
-    plan = _plan(20, num_examples=20, corruptions=["brightness"], severities=[1])
-    updates = []
-    report = rj.evaluation.evaluate(model, datasets[0], plan, profile=datasets[1], reference=reference,
-                                    on_update=lambda r: updates.append(r["metrics"] and r["metrics"]["status"]))
+    monkeypatch.setattr(runner, "_corrupt", broken)
+    plan = _plan(20, num_examples=20, corruptions={**CORRUPTIONS, "names": ["brightness"], "severities": [1]})
+    report = rj.evaluation.evaluate(model, datasets[0], plan, profile=datasets[1], reference=reference)
     entries = _by_name(report)
-    assert entries["mCE"]["status"] == "failed" and "corruption exploded" in entries["mCE"]["reason"]
-    assert entries["CA"]["status"] == "ok" and report["metrics"]["status"] == "incomplete"
-    assert report["status"] == "incomplete" and "running" in updates  # published before the corruption phase
+    assert report["corruptions"]["status"] == "incomplete"
+    assert "corruption exploded" in report["corruptions"]["failed"][0]["error"]
+    assert entries["mCE"]["value"] is None and "the corruption section has none" in entries["mCE"]["reason"]
+    assert entries["CA"]["status"] == entries["AAW"]["status"] == "ok"
+    assert report["status"] == "incomplete"
 
 
 def test_a_reference_for_other_inputs_is_refused(models, datasets):
@@ -185,7 +218,8 @@ def test_a_reference_for_other_inputs_is_refused(models, datasets):
         ({"attack": {"name": "pgd", "eps": [0.1, 0.2]}}, "metrics.attack takes one eps"),
         ({"attack": {"name": "nope"}}, "metrics.attack"),
         ({"conv_neuron": "pixel"}, "conv_neuron"),
-        ({"mce_baseline": "alexnet"}, "the alexnet baseline needs all severities"),
+        ({"mce_baseline": "alexnet"}, "metrics.mce_baseline is no longer a [metrics] key"),
+        ({"corruptions": ["fog"]}, "mCE and relative mCE come from the plan's [corruptions] table"),
         ({"colour": 1}, "[metrics]: unknown key(s) 'colour'"),
     ],
 )
@@ -197,13 +231,21 @@ def test_bad_metrics_settings_are_refused_when_the_plan_is_read(change, message)
 def test_the_digits_plan_computes_the_metrics_by_default():
     plan = rj.evaluation.default_plan("digits/test")
     assert plan.metrics is not None and plan.metrics.reference == "digits_mlp"
-    assert len(plan.metrics.corruptions) == 15 and plan.metrics.severities == (1, 2, 3, 4, 5)
+    assert len(plan.corruptions.names) == 15 and plan.corruptions.severities == (1, 2, 3, 4, 5)
+    assert plan.corruptions.baseline == "reference"
     assert dataclasses.asdict(plan.metrics.attack)["eps"] == 0.1
+    # the metrics read the PGD entry's examples at eps 0.1: no attack is added for them
+    assert len(plan.runs) == 2 and plan.metrics_source() == (1, 1)
+
+
+def test_a_reference_baseline_needs_a_reference_model():
+    with pytest.raises(ValueError, match=r'baseline = "reference" needs a reference model: set metrics.reference'):
+        plan_from_dict({"corruptions": CORRUPTIONS})
 
 
 def test_a_model_with_nan_outputs_is_refused_before_any_metric(models, datasets):
     model, _ = models
     broken = model.replace(apply_fn=lambda params, x: model.apply_fn(params, x) * jnp.nan, name="nan model")
-    plan = _plan(16, num_examples=16, reference=None, corruptions=["brightness"], severities=[1])
+    plan = _plan(16, num_examples=16, corruptions=None, reference=None)
     with pytest.raises(ValueError, match=r"'nan model' returns NaN or infinite logits for 16 of the 16"):
         rj.evaluation.evaluate(broken, datasets[0], plan, profile=datasets[1])

@@ -3,9 +3,9 @@ import json
 import pytest
 
 import robustjax as rj
-from robustjax.builtin_plans import evaluation_plans
+from robustjax import builtin_plans
 from robustjax.cli import main
-from robustjax.evaluation.plan import builtin_plans, default_plan, load_plan, plan_from_dict
+from robustjax.evaluation.plan import create, default_plan, load_plan, plan_from_dict
 
 
 def test_default_plans_hold_fgsm_and_pgd_at_three_epsilons():
@@ -63,22 +63,27 @@ def test_unreadable_plan_files(tmp_path):
     (tmp_path / "bad.toml").write_text("batch_size = = 3")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_plan(tmp_path / "bad.toml")
-    with pytest.raises(ValueError, match="no built-in plan of that name"):
+    with pytest.raises(ValueError, match=r"no plan file at '.*missing\.toml', and unknown plan '.*'; known plans: \["):
         load_plan(tmp_path / "missing.toml")
+    with pytest.raises(ValueError, match=r"and unknown plan 'whitebx' \(did you mean 'whitebox'\?\)"):
+        load_plan("whitebx")
 
 
 def test_builtin_plans_load_by_name():
-    assert {"default", "digits", "whitebox"} <= set(builtin_plans())
-    for name in builtin_plans():
-        assert load_plan(name).runs
+    assert {"default", "digits", "whitebox"} <= set(builtin_plans.names())
     whitebox = {run.attack.name for run in load_plan("whitebox").runs}
     assert whitebox >= {"fgsm", "pgd", "mifgsm", "cw_l2", "deepfool"}
     # `robustjax evaluate --help` offers the plans it runs: not the technique grid, which trains for a sweep.
-    assert "techniques" in builtin_plans() and set(builtin_plans()) - set(evaluation_plans()) == {"techniques"}
+    evaluation = builtin_plans.evaluation_plans()
+    assert "techniques" in builtin_plans.names() and set(builtin_plans.names()) - set(evaluation) == {"techniques"}
 
 
-@pytest.mark.parametrize("name", builtin_plans())
+@pytest.mark.parametrize("name", builtin_plans.names())
 def test_plan_show_prints_the_built_in_plan_that_plan_check_accepts(name, tmp_path, capsys):
+    """The contract of every built-in plan: it is valid, loads by name, and prints as a file
+    that reads back as the same plan."""
+    plan = create(name)
+    assert plan == load_plan(name) and plan.runs
     assert main(["plan", "show", name]) == 0
     text = capsys.readouterr().out
     (tmp_path / "plan.toml").write_text(text)

@@ -94,7 +94,7 @@ def full_report() -> dict:
                "message": "skipped", "advice": "", "reference": "AutoAttack"}]
     count = [0] * 12 + [2, 6, 56]
     return {
-        "schema_version": 5, "status": "incomplete", "created": "2026-01-01T00:00:00+00:00",
+        "schema_version": 6, "status": "incomplete", "created": "2026-01-01T00:00:00+00:00",
         "model": {"name": "digits_cnn", "num_classes": 10, "input_shape": [8, 8, 1], "num_params": 188234},
         "dataset": {"name": "digits/test", "num_examples": 64}, "plan": plan,
         "environment": {"robustjax": "0.1.0", "jax": "0.10.2", "jaxlib": "0.10.2", "flax": "0.12.8", "numpy": "2.4.6",
@@ -122,7 +122,7 @@ def full_report() -> dict:
                          "results": [{"decoder": d, "resize": r, "accuracy": 0.9} for d in ("pil", "opencv")
                                      for r in ("bilinear", "nearest")],
                          "mean_accuracy": 0.9, "std_accuracy": 0.0, "negative_std": -0.0, "timing": TIMING},
-        "metrics": {"status": "ok", "settings": {"reference": "digits_mlp"}, "corruption_errors": None,
+        "metrics": {"status": "ok", "settings": {"reference": "digits_mlp"},
                     "results": metrics, "timing": TIMING},
         "sanity": {"status": "ok", "settings": {"enabled": True, "eps": 0.1}, "num_examples": 32, "num_warnings": 1,
                    "checks": checks, "timing": TIMING},

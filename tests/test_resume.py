@@ -17,6 +17,7 @@ import time
 import types
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -106,24 +107,32 @@ def test_across_batch_sizes_the_sections_without_random_draws_are_identical(refe
 def test_the_store_keeps_whole_items_and_refuses_another_evaluation(tmp_path):
     folder = tmp_path / "items"
     mask = np.array([True, False, True])
-    with ItemStore.open(folder, {"plan": 1, "model": "a"}) as store:
+    with ItemStore.open(folder, {"format": resume.STORE_FORMAT, "model": "a"}) as store:
         run_item(store, "clean", lambda: Finished({"accuracy": 0.5}, {"correct": mask}))
         with pytest.raises(ValueError, match="(?i)object arrays cannot be saved"):  # never pickled, and
             store.save("clean", Finished({"accuracy": 0.25}, {"correct": np.array([None])}))
         with pytest.raises(RuntimeError):  # an item that raises is not stored
             run_item(store, "attack-0-fgsm", lambda: (_ for _ in ()).throw(RuntimeError("out of memory")))
         with pytest.raises(OSError, match="another robustjax evaluate is writing"):
-            ItemStore.open(folder, {"plan": 1, "model": "a"})
+            ItemStore.open(folder, {"format": resume.STORE_FORMAT, "model": "a"})
     (folder / ".clean.npz.x.tmp").write_bytes(b"half an item")  # what a killed write leaves
-    with ItemStore.open(folder, {"plan": 1, "model": "a"}) as store:
+    with ItemStore.open(folder, {"format": resume.STORE_FORMAT, "model": "a"}) as store:
         assert store.names() == ["clean"] and not list(folder.glob("*.tmp"))
         kept = store.load("clean")  # the failed rewrite left the item whole
         assert kept.section == {"accuracy": 0.5} and kept.arrays["correct"].tolist() == mask.tolist()
         assert run_item(store, "clean", lambda: pytest.fail("computed again")).section == kept.section
-    with pytest.raises(StoreMismatch, match=r"its plan differ from this run's\); rerun with --fresh"):
-        ItemStore.open(folder, {"plan": 2, "model": "a"})
-    with ItemStore.open(folder, {"plan": 2, "model": "a"}, fresh=True) as store:
+    with pytest.raises(StoreMismatch, match=r"its model differ from this run's\); rerun with --fresh"):
+        ItemStore.open(folder, {"format": resume.STORE_FORMAT, "model": "b"})
+    with ItemStore.open(folder, {"format": resume.STORE_FORMAT, "model": "b"}, fresh=True) as store:
         assert store.names() == []
+
+
+def test_a_store_of_an_older_format_is_refused_with_how_to_start_anew(tmp_path):
+    folder = tmp_path / "items"
+    folder.mkdir()
+    (folder / "fingerprint.json").write_text(json.dumps({"plan": {"seed": 0}, "model": {"name": "digits_cnn"}}))
+    with pytest.raises(StoreMismatch, match=r"holds items in an older store format .* rerun with --fresh"):
+        ItemStore.open(folder, {"format": resume.STORE_FORMAT, "model": {"name": "digits_cnn"}})
 
 
 def _read_only(folder: Path) -> Path:
@@ -162,22 +171,34 @@ def test_output_folder_problems_are_one_line_before_any_work(problem, message, t
     assert (tmp_path / "report.txt").read_text() == "a user's file"
 
 
-def test_a_rerun_reuses_the_items_and_refuses_another_plan_unless_fresh(reference, workdir, tmp_path, capsys,
-                                                                       monkeypatch):
+def test_a_rerun_reuses_the_items_and_after_a_plan_edit_reruns_only_the_edited_ones(reference, workdir, tmp_path,
+                                                                                    capsys, monkeypatch, digits_clf):
     out = shutil.copytree(workdir / "reference", tmp_path / "out")
-    other = tmp_path / "other.toml"
-    other.write_text(PLAN.replace("seed = 1", "seed = 2"))
     with monkeypatch.context() as patch:  # nothing is computed again
         for name in ("clean_section", "attack_sections", "_corruption_item"):
             patch.setattr(runner, name, lambda *a, name=name: pytest.fail(f"{name} ran again"))
         assert _evaluate(capsys, "--plan", str(workdir / "plan.toml"), "--out", str(out))[0] == 0
     resumed = (out / "report.json").read_text()
     assert figures(json.loads(resumed)) == figures(reference)
-    code, err = _evaluate(capsys, "--plan", str(other), "--out", str(out))
-    assert code == 2 and "holds the results of another evaluation (its plan differ" in err and "--fresh" in err
-    assert (out / "report.json").read_text() == resumed  # left alone
-    assert _evaluate(capsys, "--plan", str(other), "--out", str(out), "--fresh")[0] == 0
-    assert _report(out)["randomness"]["seed"] == 2
+    edited = tmp_path / "edited.toml"  # PGD with 4 steps instead of 3: one attack item changes
+    edited.write_text(PLAN.replace("steps = 3", "steps = 4"))
+    ran = []
+    with monkeypatch.context() as patch:
+        for name in ("clean_section", "attack_sections", "_corruption_item"):
+            original = getattr(runner, name)
+            patch.setattr(runner, name, lambda *a, name=name, original=original: ran.append(name) or original(*a))
+        assert _evaluate(capsys, "--plan", str(edited), "--out", str(out))[0] == 0
+    assert ran == ["attack_sections"]
+    report = _report(out)
+    assert report["attacks"][1]["params"]["steps"] == 4
+    assert figures(report["attacks"][0]) == figures(reference["attacks"][0])
+    assert figures(report["corruptions"]) == figures(reference["corruptions"])
+    # other weights of the same shapes: another model, refused unless --fresh
+    other = digits_clf.replace(params=jax.tree.map(lambda leaf: leaf * 1.001, digits_clf.params))
+    monkeypatch.setattr(cli_evaluate, "load_model", lambda *args, **kwargs: other)
+    code, err = _evaluate(capsys, "--plan", str(edited), "--out", str(out))
+    assert code == 2 and "holds the results of another evaluation (its model differ" in err and "--fresh" in err
+    assert _evaluate(capsys, "--plan", str(edited), "--out", str(out), "--fresh")[0] == 0
 
 
 def _stored(items: Path) -> dict[str, int]:

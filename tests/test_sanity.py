@@ -65,11 +65,17 @@ def setting():
     return rj.data.from_arrays(images, labels), plan, DataParallel(plan.batch_size)
 
 
+def clean_correct(classifier: rj.Classifier, dataset) -> np.ndarray:
+    """Per example, whether ``classifier`` gets it right (the clean pass's record)."""
+    x, y = dataset.arrays()
+    return np.asarray(classifier(x)).argmax(-1) == y
+
+
 def model_checks(classifier: rj.Classifier, setting, names: tuple[str, ...]) -> list[dict]:
     """The model-based checks ``names`` on ``classifier``."""
     dataset, plan, parallel = setting
+    x, y = sanity.correct_examples(dataset, plan, clean_correct(classifier, dataset))
     classifier = parallel.replicate(classifier)
-    x, y = sanity.correct_examples(classifier, dataset, plan, parallel)
     probe = sanity.Probe(classifier, x, y, parallel, plan.sanity, plan.sanity.eps, jax.random.key(0))
     return [sanity.MODEL_CHECKS[name](probe) for name in names]
 
@@ -80,7 +86,8 @@ def verdicts(classifier: rj.Classifier, setting, names: tuple[str, ...]) -> list
 
 def test_a_plain_model_passes_every_check(setting, digits_clf):
     dataset, plan, parallel = setting
-    section = sanity.sanity_section(parallel.replicate(digits_clf), dataset, plan, parallel, EMPTY_REPORT)
+    section = sanity.sanity_section(parallel.replicate(digits_clf), dataset, plan, parallel, EMPTY_REPORT,
+                                    clean_correct(digits_clf, dataset))
     jsonschema.validate({"sanity": section}, {"$defs": schema()["$defs"],
                                               "properties": {"sanity": schema()["properties"]["sanity"]}})
     assert section["num_examples"] == NUM_EXAMPLES and section["num_warnings"] == 0

@@ -21,7 +21,7 @@ from robustjax.attacks.base import Attack
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation.plan import Plan
-from robustjax.evaluation.resume import write_atomically
+from robustjax.files import write_atomically
 
 FILE = "gallery.npz"
 NUM_EXAMPLES = 6

@@ -158,7 +158,7 @@ def _sequence_scores(name: str, preset: str, length: int, difficulty: int, axes:
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _corrupt(name: str, severity: int, preset: str, x: jax.Array, key: jax.Array) -> jax.Array:
-    return noise.corruption_fn(name, severity, preset)(x, key)
+    return noise.create(name, severity, preset)(x, key)
 
 
 class ItemRunner:

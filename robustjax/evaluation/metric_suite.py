@@ -4,12 +4,14 @@ Model Robustness" (Guo, Liu et al., arXiv 2101.09617), grouped as the paper grou
 attack success rate and DEEPSEC's defence-comparison metrics (the model under test against
 the plan's reference model).
 
-One pass over the evaluated set streams every accumulator of :mod:`robustjax.metrics`:
-per batch the plan's attack runs on the model (white-box examples) and on the reference
-(transferred examples), EBD and EBD-2 probe the clean images, and a jitted update folds the
-batch's real (not padding) examples into the accumulators. Neuron bounds are profiled
-first, over the whole profiling set; the corruption errors of mCE come last. A metric that
-is undefined on the data (no successful adversarial example, say) or cannot be computed is
+The metrics read the adversarial examples of one attack-table entry (``Plan.metrics_source``)
+in the same pass that runs it: :class:`MetricsPass` profiles the neuron bounds over the
+profiling set first, then folds each batch of that entry's examples into every accumulator
+(with the examples transferred from the reference and the EBD and EBD-2 probes of the clean
+images). The figures other items already record are not recomputed but read from their
+records (:func:`with_recorded_figures`): CA is the clean item's accuracy, AAW and ASR the
+entry's per-example outcome, mCE and relative mCE the corruption section's. A metric that is
+undefined on the data (no successful adversarial example, say) or cannot be computed is
 reported with its reason and no value, never as a silent 0 or NaN.
 """
 
@@ -24,13 +26,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from robustjax import metrics, noise
+from robustjax import metrics
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.distributed import to_host
 from robustjax.evaluation.parallel import predict
-from robustjax.evaluation.plan import BASELINES, MetricsRun, Plan
+from robustjax.evaluation.plan import MetricsRun, Plan
 from robustjax.evaluation.progress import UNTRACKED, Step
+from robustjax.evaluation.resume import Finished
 from robustjax.evaluation.timing import timed
 from robustjax.metrics import behaviour, coverage, imperceptibility, structure
 
@@ -46,8 +49,9 @@ _ADEQUACY = "of the adversarial examples (test adequacy)"
 @dataclasses.dataclass(frozen=True)
 class MetricInfo:
     """A report entry's identity: ``index`` is the metric's number among the paper's 23;
-    ``source`` names the accumulator of the streamed state it comes from (None for mCE)
-    and ``key`` its name among that accumulator's results (and in ``metrics.DIRECTIONS``)."""
+    ``source`` names the accumulator of the streamed state it comes from (None: read from
+    another item's record, :data:`RECORDED`) and ``key`` its name among that accumulator's
+    results (and in ``metrics.DIRECTIONS``)."""
 
     name: str
     group: str
@@ -72,9 +76,9 @@ CATALOGUE = (
     MetricInfo("ALD_inf", IMPERCEPTIBILITY, 6, "ALD", "ald_inf", "average relative Linf distortion"),
     MetricInfo("ASS", IMPERCEPTIBILITY, 7, "ASS", "ass", "average structural similarity (SSIM)"),
     MetricInfo("PSD", IMPERCEPTIBILITY, 8, "PSD", "psd", "perturbation sensitivity distance"),
-    MetricInfo("CA", BEHAVIOUR, 9, "CA", "accuracy", "clean accuracy"),
-    MetricInfo("AAW", BEHAVIOUR, 10, "AAW", "accuracy", "accuracy under the white-box attack"),
-    MetricInfo("AAB", BEHAVIOUR, 11, "AAB", "accuracy", "accuracy under examples transferred from the reference"),
+    MetricInfo("CA", BEHAVIOUR, 9, None, "accuracy", "clean accuracy"),
+    MetricInfo("AAW", BEHAVIOUR, 10, None, "accuracy", "accuracy under the white-box attack"),
+    MetricInfo("AAB", BEHAVIOUR, 11, None, "accuracy", "accuracy under examples transferred from the reference"),
     MetricInfo("ACAC", BEHAVIOUR, 12, "ACAC", "acac", "average confidence of the adversarial class"),
     MetricInfo("ACTC", BEHAVIOUR, 13, "ACTC", "actc", "average confidence of the true class"),
     MetricInfo("NTE", BEHAVIOUR, 14, "NTE", "nte", "noise tolerance estimation (top-1 minus top-2 probability)"),
@@ -90,7 +94,7 @@ CATALOGUE = (
     MetricInfo("ENI", STRUCTURE, 21, "ENI", "eni", "empirical noise insensitivity (loss change per Linf)"),
     MetricInfo("NS", STRUCTURE, 22, "NS", "neuron_sensitivity", "neuron sensitivity, mean over neurons"),
     MetricInfo("NU", STRUCTURE, 23, "NU", "neuron_uncertainty", "neuron uncertainty (variance), mean over neurons"),
-    MetricInfo("ASR", ADDITIONAL, None, "ASR", "asr", "attack success rate over all examples"),
+    MetricInfo("ASR", ADDITIONAL, None, None, "asr", "attack success rate over all examples"),
     MetricInfo("CAV", ADDITIONAL, None, "CAV", "cav", "clean accuracy of the model minus the reference's"),
     MetricInfo("CRR", ADDITIONAL, None, "CRR", "crr", "share the reference gets wrong and the model right"),
     MetricInfo("CSR", ADDITIONAL, None, "CSR", "csr", "share the reference gets right and the model wrong"),
@@ -100,8 +104,11 @@ CATALOGUE = (
 _NEEDS_REFERENCE = {"AAB", "CAV", "CRR", "CSR", "CCV", "COS"}
 _BOUNDED = {"KMNC", "NBC", "SNAC"}
 _CORRUPTION = {"mCE", "relative_mCE"}
-# Streams of the plan's seed for this section's randomness (attacks and EBD; corruptions).
-_STREAM, _CORRUPTION_STREAM = 23, 24
+# Metrics read from the records of other items (the clean pass, the attack entry, the
+# corruptions) and from the transferred examples' per-example outcome.
+RECORDED = {"CA", "AAW", "ASR", "AAB"} | _CORRUPTION
+# The stream of the plan's seed for this section's randomness (transfer attack and EBD).
+_STREAM = 23
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +133,7 @@ def _empty_state(run: MetricsRun, static: _Static, widths: dict[str, int], bound
                  ssim_window: int) -> dict:
     compat = {"toolkit_compat": run.toolkit_compat}
     state = {
-        "CA": behaviour.Accuracy.empty(), "AAW": behaviour.Accuracy.empty(), "AAB": behaviour.Accuracy.empty(),
-        "ASR": behaviour.AttackSuccessRate.empty(), "ACAC": behaviour.AdversarialClassConfidence.empty(),
+        "ACAC": behaviour.AdversarialClassConfidence.empty(),
         "ACTC": behaviour.TrueClassConfidence.empty(), "NTE": behaviour.NoiseToleranceEstimation.empty(),
         "RGB": behaviour.TransformSurvival.empty(**compat), "RIC": behaviour.TransformSurvival.empty(**compat),
         "ALD": imperceptibility.AverageLpDistortion.empty(l0_denominator=run.ald_l0_denominator, **compat),
@@ -152,7 +158,7 @@ def _empty_state(run: MetricsRun, static: _Static, widths: dict[str, int], bound
 
 @functools.partial(jax.jit, static_argnums=0)
 def _update(static: _Static, state: dict, classifier: Classifier, reference: Classifier | None,
-            x, y, x_adv, x_transfer, distances, steps, capped):
+            x, y, x_adv, distances, steps, capped):
     """Folds one batch of real examples into every accumulator."""
     logits, logits_adv = classifier(x), classifier(x_adv)
     features, features_adv = classifier.features(x), classifier.features(x_adv)
@@ -161,8 +167,7 @@ def _update(static: _Static, state: dict, classifier: Classifier, reference: Cla
     compressed = classifier(behaviour.compress_for_ric(x_adv, static.ric_quality))
     new = dict(state)
     new.update(
-        CA=state["CA"].update(logits, y), AAW=state["AAW"].update(logits_adv, y),
-        ASR=state["ASR"].update(logits_adv, y), ACAC=state["ACAC"].update(logits_adv, y),
+        ACAC=state["ACAC"].update(logits_adv, y),
         ACTC=state["ACTC"].update(logits_adv, y), NTE=state["NTE"].update(logits_adv, y),
         RGB=state["RGB"].update(logits_adv, blurred, y), RIC=state["RIC"].update(logits_adv, compressed, y),
     )
@@ -181,7 +186,6 @@ def _update(static: _Static, state: dict, classifier: Classifier, reference: Cla
     if static.has_reference:
         reference_logits = reference(x)
         new.update(
-            AAB=state["AAB"].update(classifier(x_transfer), y),
             reference_accuracy=state["reference_accuracy"].update(reference_logits, y),
             CAV=state["CAV"].update(logits, reference_logits, y), CRR=state["CRR"].update(logits, reference_logits, y),
             CSR=state["CSR"].update(logits, reference_logits, y), CCV=state["CCV"].update(logits, reference_logits, y),
@@ -224,58 +228,14 @@ def _profile_bounds(run: MetricsRun, widths, classifier: Classifier, profile: Im
     return bounds
 
 
-def _corruption_errors(run: MetricsRun, models: dict[str, Classifier], dataset: ImageDataset, plan: Plan,
-                       parallel, preset: str, key: jax.Array, step: Step) -> dict[str, np.ndarray]:
-    """Top-1 error of each model per corruption and severity, (corruptions, severities);
-    each batch is corrupted once and every model classifies the same corrupted images."""
-    errors = {name: np.zeros((len(run.corruptions), len(run.severities))) for name in models}
-    for c, corruption in enumerate(run.corruptions):
-        for s, severity in enumerate(run.severities):
-            wrong = dict.fromkeys(models, 0)
-            count = 0
-            for batch, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
-                batch_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, c), severity), batch)
-                corrupted = noise.corrupt(x, corruption, severity, batch_key, preset=preset)
-                for name, model in models.items():
-                    wrong[name] += int((to_host(predict(model, corrupted)) != to_host(y))[mask].sum())
-                count += int(mask.sum())
-            for name in models:
-                errors[name][c, s] = wrong[name] / count
-    return errors
-
-
-def _baseline(run: MetricsRun, errors: dict[str, np.ndarray], reference_clean_error: float | None):
-    """The baseline's errors (corruptions, severities) and clean error: the reference model
-    on the same corrupted images, or a published table (AlexNet on ImageNet-C)."""
-    if run.mce_baseline == "reference":
-        return errors["reference"], reference_clean_error
-    table = BASELINES[run.mce_baseline]
-    return np.array([[table[name][s - 1] for s in run.severities] for name in run.corruptions]), metrics.ALEXNET_CLEAN_ERROR
-
-
-def _mean_ce(run: MetricsRun, errors, baseline) -> float:
-    if flat := [name for name, total in zip(run.corruptions, baseline.sum(axis=1)) if total <= 0]:
-        raise ValueError(f"the baseline makes no error under {flat}, so CE is undefined")
-    return float(np.mean(metrics.corruption_error(errors, baseline)))
-
-
-def _mean_relative_ce(run: MetricsRun, errors, clean_error: float, baseline, baseline_clean: float) -> float:
-    degradation = (baseline - baseline_clean).sum(axis=1)
-    if flat := [name for name, d in zip(run.corruptions, degradation) if d <= 0]:
-        raise ValueError(f"the baseline's error under {flat} does not exceed its clean error, so relative CE is undefined")
-    return float(np.mean(metrics.relative_corruption_error(errors, clean_error, baseline, baseline_clean)))
-
-
 def _settings(run: MetricsRun, layers: dict[str, int], profile: ImageDataset | None, reference: Classifier | None,
-              ebd_directions: int, ssim_window: int, preset: str) -> dict[str, dict]:
+              ebd_directions: int, ssim_window: int) -> dict[str, dict]:
     """Each metric's settings, as the report shows them next to its value."""
     attack = {"name": run.attack.name, **run.attack.params()}
     neurons = {"layers": list(layers), "neurons": sum(layers.values()), "conv_neuron": run.conv_neuron,
                "inputs": "adversarial examples"}
     bounds = {"bounds_profiled_on": None if profile is None else profile.name}
     over_success = {"over": "successful adversarial examples", "toolkit_compat": run.toolkit_compat}
-    corruptions = {"baseline": run.reference if run.mce_baseline == "reference" else run.mce_baseline,
-                   "corruptions": list(run.corruptions), "severities": list(run.severities), "preset": preset}
     comparison = {"reference": None if reference is None else reference.name, "inputs": "clean examples"}
     return {
         "KMNC": {**neurons, **bounds, "k": run.kmnc_sections}, "NBC": {**neurons, **bounds},
@@ -289,7 +249,7 @@ def _settings(run: MetricsRun, layers: dict[str, int], profile: ImageDataset | N
         "ACAC": {"attack": attack}, "ACTC": {"attack": attack}, "NTE": {"attack": attack},
         "RGB": {"attack": attack, "sigma": run.rgb_sigma, "toolkit_compat": run.toolkit_compat},
         "RIC": {"attack": attack, "quality": run.ric_quality, "toolkit_compat": run.toolkit_compat},
-        "mCE": corruptions, "relative_mCE": corruptions,
+        "mCE": {}, "relative_mCE": {},
         "EBD": {"inputs": "clean examples", "directions": ebd_directions,
                 "magnitudes": "0, 2, ..., 126 / 255 (first flip per direction, minimum over directions)"},
         "EBD-2": {"inputs": "clean examples", "step": run.ebd2_step, "max_steps": run.ebd2_max_steps,
@@ -302,19 +262,11 @@ def _settings(run: MetricsRun, layers: dict[str, int], profile: ImageDataset | N
     }
 
 
-def _values(run: MetricsRun, state: dict, errors: dict[str, np.ndarray] | None) -> dict[str, Callable[[], float]]:
-    """How each metric's value comes from the accumulators; each raises ValueError with
-    the reason when the metric is undefined on the data."""
-    values = {info.name: (lambda info=info: state[info.source].compute()[info.key])
-              for info in CATALOGUE if info.source in state}
-    if errors is not None:
-        clean_error = 1.0 - float(state["CA"].compute()["accuracy"])
-        reference_clean = (1.0 - float(state["reference_accuracy"].compute()["accuracy"])
-                           if "reference_accuracy" in state else None)
-        baseline, baseline_clean = _baseline(run, errors, reference_clean)
-        values["mCE"] = lambda: _mean_ce(run, errors["model"], baseline)
-        values["relative_mCE"] = lambda: _mean_relative_ce(run, errors["model"], clean_error, baseline, baseline_clean)
-    return values
+def _values(state: dict) -> dict[str, Callable[[], float]]:
+    """How each streamed metric's value comes from the accumulators; each raises ValueError
+    with the reason when the metric is undefined on the data."""
+    return {info.name: (lambda info=info: state[info.source].compute()[info.key])
+            for info in CATALOGUE if info.source in state}
 
 
 def _entries(settings: dict, values: dict[str, Callable[[], float]], problems: dict[str, tuple[str, str]]) -> list[dict]:
@@ -340,90 +292,137 @@ def _entries(settings: dict, values: dict[str, Callable[[], float]], problems: d
     return entries
 
 
-def _stream(run: MetricsRun, static: _Static, state: dict, classifier: Classifier, reference: Classifier | None,
-            dataset: ImageDataset, plan: Plan, parallel, ebd_directions: int, step: Step) -> tuple[dict, int]:
-    """One pass over the evaluated set: attacks, boundary probes and the accumulators."""
-    stream_key, ebd_key = jax.random.split(jax.random.fold_in(jax.random.key(plan.seed), _STREAM), 2)
-    count = 0
-    for index, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
-        batch_key = jax.random.fold_in(stream_key, index)
-        x_adv = run.attack(classifier, x, y, key=jax.random.fold_in(batch_key, 0)).x_adv
-        x_transfer = None if reference is None else run.attack(reference, x, y, key=jax.random.fold_in(batch_key, 1)).x_adv
-        distances = structure.boundary_distances(classifier, x, y, key=ebd_key, num_directions=ebd_directions)
-        steps, capped = structure.boundary_steps(classifier, x, y, step_size=run.ebd2_step, max_steps=run.ebd2_max_steps)
-        state = _update(static, state, classifier, reference, *_real(mask, x, y, x_adv, x_transfer, distances, steps, capped))
-        count += int(mask.sum())
-    return state, count
+class MetricsPass:
+    """The streamed metrics over one evaluation: built before the attack entry they read
+    runs (it profiles the neuron bounds), fed each batch of that entry's adversarial
+    examples (:meth:`update`), then made into the metrics item (:meth:`finish`). ``step``
+    advances per batch of the profiling pass."""
 
-
-def metrics_section(
-    run: MetricsRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel, *,
-    profile: ImageDataset | None, reference: Classifier | None, on_progress: Callable[[dict], None],
-    step: Step = UNTRACKED,
-) -> dict:
-    """The 23 metrics (and the additional ones) over the evaluated set, one entry each with
-    its group, value, direction and settings. ``on_progress`` receives the section once the
-    streamed metrics have values and again with the corruption errors (mCE); ``step``
-    advances per batch of each pass (profiling, streamed metrics, corruption errors)."""
-    if reference is not None:
-        if tuple(reference.input_shape) != tuple(classifier.input_shape) or reference.num_classes != classifier.num_classes:
-            raise ValueError(f"reference model {reference.name!r} takes {tuple(reference.input_shape)} and predicts "
-                             f"{reference.num_classes} classes; {classifier.name!r} takes "
-                             f"{tuple(classifier.input_shape)} and predicts {classifier.num_classes}")
-        reference = parallel.replicate(reference)
-    widths = _layer_widths(run, classifier)
-    ebd_directions = min(1000, int(np.prod(classifier.input_shape))) if run.ebd_directions is None else run.ebd_directions
-    ssim_window = _ssim_window(classifier.input_shape)
-    preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
-    settings = _settings(run, widths, profile, reference, ebd_directions, ssim_window, preset)
-    section = {"status": "running", "settings": run.as_dict() | {"reference": None if reference is None else reference.name},
-               "results": [], "corruption_errors": None}
-    problems: dict[str, tuple[str, str]] = {}  # metric -> (status, reason) where no value can be computed
-    if reference is None:
-        reason = "needs a reference model (plan: metrics.reference)"
-        problems |= {name: ("skipped", reason) for name in _NEEDS_REFERENCE}
-        if run.mce_baseline == "reference":
-            problems |= {name: ("skipped", reason) for name in _CORRUPTION}
-    profiled = profile is not None and tuple(profile.image_shape) == tuple(classifier.input_shape)
-    evaluated = dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
-    corrupted = 0 if _CORRUPTION <= problems.keys() else len(run.corruptions) * len(run.severities)
-    step.expect((_num_batches(profile.num_examples, parallel) if profiled else 0)
-                + _num_batches(evaluated, parallel) * (1 + corrupted))  # the passes, in batches
-    with timed() as timing:
-        bounds = None
-        if profile is None:
-            problems |= {name: ("skipped", "needs a profiling set for the neuron bounds (plan: metrics.profile_split)")
-                         for name in _BOUNDED}
-        elif tuple(profile.image_shape) != tuple(classifier.input_shape):
-            reason = (f"the profiling set {profile.name!r} holds images of shape {tuple(profile.image_shape)}; "
-                      f"model {classifier.name!r} takes {tuple(classifier.input_shape)}")
-            problems |= {name: ("skipped", reason) for name in _BOUNDED}
-        else:
-            try:
-                bounds = _profile_bounds(run, widths, classifier, profile, parallel, step)
-            except Exception as error:  # recorded; the other metrics still run
-                problems |= {name: ("failed", f"{type(error).__name__}: {error}") for name in _BOUNDED}
-        static = _Static(tuple(widths), run.conv_neuron, float(run.rgb_sigma), run.ric_quality,
-                         reference is not None, bounds is not None)
-        state, count = _stream(run, static, _empty_state(run, static, widths, bounds, ssim_window), classifier,
-                               reference, dataset, plan, parallel, ebd_directions, step)
-        with_capped = state["EBD-2"].replace(include_capped=True)  # the fraction is defined when all are capped
-        settings["EBD-2"]["capped_fraction"] = float(with_capped.compute()["capped_fraction"])
-        pending = {name: ("running", "computed after the streamed metrics") for name in _CORRUPTION}
-        section["results"] = _entries(settings, _values(run, state, None), pending | problems)
-        on_progress(section)
-        errors = None
-        if not _CORRUPTION <= problems.keys():
-            models = {"model": classifier} | ({} if reference is None else {"reference": reference})
-            try:
-                errors = _corruption_errors(run, models, dataset, plan, parallel, preset,
-                                            jax.random.fold_in(jax.random.key(plan.seed), _CORRUPTION_STREAM), step)
-            except Exception as error:  # recorded; the other metrics keep their values
-                problems |= {name: ("failed", f"{type(error).__name__}: {error}") for name in _CORRUPTION}
+    def __init__(self, run: MetricsRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel, *,
+                 profile: ImageDataset | None, reference: Classifier | None, step: Step = UNTRACKED):
+        if reference is not None:
+            if (tuple(reference.input_shape) != tuple(classifier.input_shape)
+                    or reference.num_classes != classifier.num_classes):
+                raise ValueError(f"reference model {reference.name!r} takes {tuple(reference.input_shape)} and "
+                                 f"predicts {reference.num_classes} classes; {classifier.name!r} takes "
+                                 f"{tuple(classifier.input_shape)} and predicts {classifier.num_classes}")
+            reference = parallel.replicate(reference)
+        self.run, self.classifier, self.reference, self.plan = run, classifier, reference, plan
+        widths = _layer_widths(run, classifier)
+        self.ebd_directions = (min(1000, int(np.prod(classifier.input_shape))) if run.ebd_directions is None
+                               else run.ebd_directions)
+        ssim_window = _ssim_window(classifier.input_shape)
+        self.settings = _settings(run, widths, profile, reference, self.ebd_directions, ssim_window)
+        self.problems: dict[str, tuple[str, str]] = {}  # metric -> (status, reason) where no value can be computed
+        if reference is None:
+            self.problems |= {name: ("skipped", "needs a reference model (plan: metrics.reference)")
+                              for name in _NEEDS_REFERENCE}
+        profiled = profile is not None and tuple(profile.image_shape) == tuple(classifier.input_shape)
+        step.expect(_num_batches(profile.num_examples, parallel) if profiled else 0)
+        with timed() as timing:
+            bounds = None
+            if profile is None:
+                self.problems |= {name: ("skipped", "needs a profiling set for the neuron bounds (plan: "
+                                         "metrics.profile_split)") for name in _BOUNDED}
+            elif not profiled:
+                reason = (f"the profiling set {profile.name!r} holds images of shape {tuple(profile.image_shape)}; "
+                          f"model {classifier.name!r} takes {tuple(classifier.input_shape)}")
+                self.problems |= {name: ("skipped", reason) for name in _BOUNDED}
             else:
-                section["corruption_errors"] = {"names": list(run.corruptions), "severities": list(run.severities),
-                                                **{name: e.tolist() for name, e in errors.items()}}
-        section["results"] = _entries(settings, _values(run, state, errors), problems)
-    section["timing"] = timing.as_dict(count)
+                try:
+                    bounds = _profile_bounds(run, widths, classifier, profile, parallel, step)
+                except Exception as error:  # recorded; the other metrics still run
+                    self.problems |= {name: ("failed", f"{type(error).__name__}: {error}") for name in _BOUNDED}
+        self.static = _Static(tuple(widths), run.conv_neuron, float(run.rgb_sigma), run.ric_quality,
+                              reference is not None, bounds is not None)
+        self.state = _empty_state(run, self.static, widths, bounds, ssim_window)
+        self.stream_key, self.ebd_key = jax.random.split(jax.random.fold_in(jax.random.key(plan.seed), _STREAM), 2)
+        self.transfer_correct: list[np.ndarray] = []
+        self.timing = timing
+
+    def update(self, batch: int, x: jax.Array, y: jax.Array, mask: np.ndarray, x_adv: jax.Array) -> None:
+        """Folds batch number ``batch`` (images ``x``, labels ``y``, host ``mask`` of real
+        examples) and its adversarial examples ``x_adv`` into every accumulator."""
+        with timed() as timing:
+            classifier, reference, run = self.classifier, self.reference, self.run
+            if reference is not None:
+                key = jax.random.fold_in(jax.random.fold_in(self.stream_key, batch), 1)
+                x_transfer = run.attack(reference, x, y, key=key).x_adv
+                self.transfer_correct.append((to_host(predict(classifier, x_transfer)) == to_host(y))[mask])
+            distances = structure.boundary_distances(classifier, x, y, key=self.ebd_key,
+                                                     num_directions=self.ebd_directions)
+            steps, capped = structure.boundary_steps(classifier, x, y, step_size=run.ebd2_step,
+                                                     max_steps=run.ebd2_max_steps)
+            self.state = _update(self.static, self.state, classifier, reference,
+                                 *_real(mask, x, y, x_adv, distances, steps, capped))
+        self.timing.wall_s += timing.wall_s
+        self.timing.compile_s += timing.compile_s
+
+    def finish(self, num_examples: int) -> Finished:
+        """The metrics item: the section of the streamed metrics (the recorded ones pending,
+        :func:`with_recorded_figures` fills them in), the transferred examples' per-example
+        correctness and the accumulators' states."""
+        settings = {**self.settings, "EBD-2": dict(self.settings["EBD-2"])}
+        with_capped = self.state["EBD-2"].replace(include_capped=True)  # the fraction is defined when all are capped
+        settings["EBD-2"]["capped_fraction"] = float(with_capped.compute()["capped_fraction"])
+        pending = {name: ("running", "read from the records of other items") for name in RECORDED}
+        section = {"status": "running",
+                   "settings": self.run.as_dict() | {"reference": None if self.reference is None
+                                                     else self.reference.name},
+                   "results": _entries(settings, _values(self.state), pending | self.problems),
+                   "timing": self.timing.as_dict(num_examples)}
+        arrays = {f"state.{name}.{i}": np.asarray(leaf)
+                  for name, accumulator in self.state.items() for i, leaf in enumerate(jax.tree.leaves(accumulator))}
+        if self.reference is not None:
+            arrays["transfer_correct"] = np.concatenate(self.transfer_correct)
+        return Finished(section, arrays)
+
+
+def _set(entry: dict, value: float | None, reason: str | None = None, status: str | None = None) -> None:
+    """Gives a report entry its value, or no value with the reason (``status``: undefined by default)."""
+    entry.pop("reason", None)
+    if value is None:
+        entry.update(value=None, status=status or "undefined", reason=reason)
+    else:
+        entry.update(value=float(value), status="ok")
+
+
+def with_recorded_figures(section: dict, transfer_correct: np.ndarray | None, clean: dict,
+                          source: dict, adversarial_correct: np.ndarray, clean_correct: np.ndarray,
+                          corruptions: dict | None) -> dict:
+    """The metrics ``section`` with the figures other items record: CA, the clean accuracy;
+    AAW and ASR from ``adversarial_correct``, the per-example outcome of the attack entry
+    ``source`` (its report section) whose examples the streamed metrics read; AAB from
+    ``transfer_correct``; mCE and relative mCE, the ``corruptions`` section's."""
+    section = {**section, "results": [dict(entry) for entry in section["results"]]}
+    entries = {entry["name"]: entry for entry in section["results"]}
+    label = f"{source['name']} eps={source['params']['eps']:g}" if "eps" in source["params"] else source["name"]
+    _set(entries["CA"], clean["accuracy"])
+    aaw = float(adversarial_correct.mean())
+    misclassified_robust = int((adversarial_correct & ~clean_correct).sum())
+    for name in ("AAW", "ASR"):
+        entries[name]["settings"] = {**entries[name]["settings"], "entry": label,
+                                     "entry_robust_accuracy": source.get("robust_accuracy")}
+    entries["AAW"]["settings"]["differs_from_robust_accuracy"] = (
+        "AAW counts every example whose adversarial example the model classifies correctly; robust accuracy "
+        f"also needs the clean image right: they differ by {misclassified_robust} such example(s) of "
+        f"{adversarial_correct.size}")
+    _set(entries["AAW"], aaw)
+    _set(entries["ASR"], 1.0 - aaw)
+    if entries["AAB"]["status"] != "skipped":
+        _set(entries["AAB"], None if transfer_correct is None else float(transfer_correct.mean()),
+             "no transferred examples were recorded", "failed")
+    for name, key in (("mCE", "mce"), ("relative_mCE", "relative_mce")):
+        entry = entries[name]
+        if corruptions is None:
+            _set(entry, None, "the plan has no [corruptions] table: mCE is the corruption section's", "skipped")
+            continue
+        entry["settings"] = {"baseline": corruptions.get("baseline"), "corruptions": list(corruptions["names"]),
+                             "severities": list(corruptions["severities"]), "preset": corruptions.get("preset"),
+                             "from": "the corruption section"}
+        if corruptions.get("baseline") is None:
+            _set(entry, None, "the plan's [corruptions] table names no baseline", "skipped")
+        else:
+            _set(entry, corruptions.get(key), corruptions.get(f"{key}_reason") or "the corruption section has none")
     section["status"] = "incomplete" if any(r["status"] == "failed" for r in section["results"]) else "ok"
     return section

@@ -18,7 +18,8 @@ A plan file is TOML or JSON::
     names = "imagenet-c"      # the 15 of ImageNet-C, "all" (19), or a list of names
     severities = [1, 2, 3, 4, 5]
     preset = "cifar"          # constants: "imagenet" or "cifar" (default: by image size)
-    baseline = "alexnet"      # optional: normalise to mCE and relative mCE by AlexNet's errors
+    baseline = "alexnet"      # optional: normalise to mCE and relative mCE by AlexNet's errors, or
+                              # "reference": by the errors of metrics.reference on the same images
 
     [sequences]               # optional: ImageNet-P flip probability and top-5 distance
     names = "all"             # the 14 perturbations, or a list of names
@@ -31,13 +32,14 @@ A plan file is TOML or JSON::
     quality = 95              # JPEG quality the evaluated images are encoded with
 
     [metrics]                 # optional: the 23 metrics of the comprehensive evaluation framework
-    attack = { name = "pgd", eps = 0.1, steps = 10 }  # white-box attack their examples come from
-    reference = "digits_mlp"  # a second model: transfer source (AAB), mCE baseline, and the
-                              # "original" of the defence-comparison metrics
+    attack = { name = "pgd", eps = 0.1, steps = 10 }  # the [[attacks]] entry their examples come
+                              # from (added to the attacks when no entry matches it)
+    reference = "digits_mlp"  # a second model: transfer source (AAB), the "original" of the
+                              # defence-comparison metrics, and [corruptions]' "reference" baseline
     profile_split = "train"   # the split neuron bounds are profiled on
     # also: layers, conv_neuron, kmnc_sections, tknc_k, tknp_k, tknp_capacity, ebd_directions,
-    # ebd2_step, ebd2_max_steps, rgb_sigma, ric_quality, corruptions, severities, preset,
-    # mce_baseline ("reference" or "alexnet"), toolkit_compat, ald_l0_denominator (see MetricsRun)
+    # ebd2_step, ebd2_max_steps, rgb_sigma, ric_quality, toolkit_compat, ald_l0_denominator
+    # (see MetricsRun). mCE and relative mCE are the [corruptions] table's.
 
     [natural_shift]           # optional: released natural-shift sets (data.shift) and OOD detection
     datasets = ["imagenet-a", "imagenet-r", "imagenet-o", "imagenet-c", "cifar10-c"]
@@ -51,7 +53,7 @@ A plan file is TOML or JSON::
 
     [training]                # optional, for sweeps over zoo models (robustjax sweep run --models):
                               # train each model once per technique set, then evaluate them all
-    techniques = ["baseline", "fast_at", "pgd_at,no_ema"]  # sets of training.TECHNIQUES names
+    techniques = ["baseline", "fast_at", "pgd_at,no_ema"]  # sets of training.techniques.names()
     steps = 300               # any field of training.Recipe replaces the aligned recipe's
     batch_size = 64           # (epochs, learning_rate, seed, ...; steps or epochs, not both)
     attack_eps = 0.2          # optional: an adversarial technique's eps and steps
@@ -76,9 +78,8 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from robustjax import attacks, noise
+from robustjax import attacks, builtin_plans, noise
 from robustjax.attacks.base import Attack
-from robustjax.builtin_plans import builtin_plan_text, builtin_plans
 from robustjax.checks import check_choice, check_positive_int
 from robustjax.data.shift import NAMES as SHIFT_DATASETS
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
@@ -98,6 +99,8 @@ NATURAL_SHIFT_KEYS = {"datasets", "ood", "data_dir", "corruptions", "severities"
 # Named sets of corruptions: the 15 of the ImageNet-C benchmark, or all 19.
 CORRUPTION_SETS = {"imagenet-c": ("noise", "blur", "weather", "digital"), "all": noise.FAMILIES}
 BASELINES = {"alexnet": ALEXNET_IMAGENET_C_ERRORS}
+# The mCE baseline that is the plan's metrics.reference model, on the same corrupted images.
+REFERENCE_BASELINE = "reference"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +123,9 @@ class AttackRun:
 
 @dataclasses.dataclass(frozen=True)
 class CorruptionRun:
-    """Corruptions, each at every severity; ``baseline`` names the errors that normalise mCE."""
+    """Corruptions, each at every severity; ``baseline`` names the errors that normalise mCE:
+    a published table (``BASELINES``) or ``"reference"``, the plan's reference model
+    (``metrics.reference``) classifying the same corrupted images."""
 
     names: tuple[str, ...]
     severities: tuple[int, ...] = noise.SEVERITIES
@@ -167,12 +172,13 @@ class MetricsRun:
 
     ``attack`` (default PGD-10, Linf, 8/255): the white-box attack whose adversarial
     examples feed the data metrics and AAW, ACAC, ACTC, NTE, RGB, RIC, ENI, neuron
-    sensitivity and uncertainty; run on ``reference`` and transferred, it gives AAB. ``reference``: a model name (zoo) or
-    ``package.module:function``; also the mCE baseline and the original model of CAV, CRR,
-    CSR, CCV and COS. ``layers``: the layers whose neurons count (None: every layer the
-    classifier exposes but its logits). ``ebd_directions``: None takes min(1000, pixels).
-    ``corruptions`` for mCE: a name set of ``CORRUPTION_SETS`` or a list.
-    ``ald_l0_denominator``: ALD_0's ``"nonzero"`` (||x||_0, the definition) or ``"size"``
+    sensitivity and uncertainty; it is an entry of the plan's attacks (``Plan.metrics_source``),
+    so these metrics read the very examples behind that entry's robust accuracy. Run on
+    ``reference`` and transferred, it gives AAB. ``reference``: a model name (zoo) or
+    ``package.module:function``; also the original model of CAV, CRR, CSR, CCV and COS, and the
+    baseline of mCE when ``[corruptions]`` names ``baseline = "reference"``. ``layers``: the
+    layers whose neurons count (None: every layer the classifier exposes but its logits).
+    ``ebd_directions``: None takes min(1000, pixels). ``ald_l0_denominator``: ALD_0's ``"nonzero"`` (||x||_0, the definition) or ``"size"``
     (C H W, the AISafety and DEEPSEC code); None follows ``toolkit_compat``
     (``metrics.imperceptibility.lp_distortion``).
     """
@@ -191,18 +197,13 @@ class MetricsRun:
     ebd2_max_steps: int = 1000
     rgb_sigma: float = 2.0
     ric_quality: int = 55
-    corruptions: tuple[str, ...] = ()
-    severities: tuple[int, ...] = noise.SEVERITIES
-    preset: str | None = None
-    mce_baseline: str = "reference"
     toolkit_compat: bool = False
     ald_l0_denominator: str | None = None
 
     def as_dict(self) -> dict:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "attack"}
         return {"attack": {"name": self.attack.name, **self.attack.params()}, **fields,
-                "layers": None if self.layers is None else list(self.layers),
-                "corruptions": list(self.corruptions), "severities": list(self.severities)}
+                "layers": None if self.layers is None else list(self.layers)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,6 +332,19 @@ class Plan:
         check_choice(self.precision, PRECISIONS, "plan: precision")
 
     @property
+    def reference(self) -> str | None:
+        """The second model of the plan (``metrics.reference``), or None."""
+        return None if self.metrics is None else self.metrics.reference
+
+    def metrics_source(self) -> tuple[int, int]:
+        """(position in ``runs``, epsilon index) of the attack entry whose adversarial
+        examples the metrics read (``plan_from_dict`` adds one when none matches)."""
+        found = _source_entry(self.runs, self.metrics.attack)
+        if found is None:
+            raise ValueError(f"plan: no [[attacks]] entry runs metrics.attack ({self.metrics.attack})")
+        return found
+
+    @property
     def num_attack_entries(self) -> int:
         """Attack entries the plan runs: one per epsilon of each ``[[attacks]]`` sweep."""
         return sum(len(run.entries()) for run in self.runs)
@@ -364,9 +378,9 @@ def _attack_run(where: str, entry) -> AttackRun:
             raise ValueError(f"plan: {where}.eps is an empty list")
         params["eps"] = grid[0]
     try:
-        attack = attacks.make(entry["name"], **params)
+        attack = attacks.create(entry["name"], **params)
         for eps in grid if isinstance(grid, list) else []:
-            attacks.make(entry["name"], **{**params, "eps": eps})  # validates every epsilon
+            attacks.create(entry["name"], **{**params, "eps": eps})  # validates every epsilon
     except (TypeError, ValueError) as error:
         raise ValueError(f"plan: {where} ({entry['name']}): {error}") from None
     has_eps = any(f.name == "eps" for f in dataclasses.fields(attack))
@@ -400,8 +414,10 @@ def _corruption_settings(raw: dict, where: str, names_key: str) -> tuple[tuple[s
 
 
 def _check_baseline(baseline: str, names, severities, where: str) -> None:
+    if baseline == REFERENCE_BASELINE:
+        return
     if baseline not in BASELINES:
-        raise ValueError(f"plan: {where} must be one of {sorted(BASELINES)}, got {baseline!r}")
+        raise ValueError(f"plan: {where} must be one of {sorted([*BASELINES, REFERENCE_BASELINE])}, got {baseline!r}")
     if missing := [name for name in names if name not in BASELINES[baseline]]:
         raise ValueError(f"plan: {where}: the {baseline} baseline has no errors for {missing}")
     if sorted(severities) != list(noise.SEVERITIES):
@@ -419,9 +435,18 @@ def _corruption_run(raw) -> CorruptionRun:
     return CorruptionRun(names, severities, preset, baseline)
 
 
+# [metrics] keys of earlier plans: the one mCE of a report is the [corruptions] table's.
+MOVED_METRICS_KEYS = {"corruptions", "severities", "preset", "mce_baseline"}
+
+
 def _metrics_run(raw) -> MetricsRun:
     if not isinstance(raw, dict):
         raise ValueError(f"plan: 'metrics' must be a table, got {raw!r}")
+    if moved := sorted(MOVED_METRICS_KEYS & set(raw)):
+        raise ValueError(f"plan: metrics.{moved[0]} is no longer a [metrics] key: mCE and relative mCE come from the "
+                         "plan's [corruptions] table, one mCE per report (names, severities, preset, and baseline = "
+                         "\"reference\" for the errors of metrics.reference); move "
+                         f"{', '.join(moved)} there")
     _check_keys(raw, {f.name for f in dataclasses.fields(MetricsRun)}, "[metrics]")
     entry = raw.get("attack", {"name": "pgd", "norm": "linf", "eps": 8 / 255, "steps": 10})
     if isinstance(entry, dict) and isinstance(entry.get("eps"), list):
@@ -429,13 +454,24 @@ def _metrics_run(raw) -> MetricsRun:
     if not isinstance(entry, dict):
         raise ValueError(f"plan: metrics.attack must be a table naming an attack, got {entry!r}")
     attack = _attack_run("metrics.attack", entry).attack
-    names, severities, preset = _corruption_settings(raw, "metrics", "corruptions")
-    settings = {key: value for key, value in raw.items() if key not in ("attack", "corruptions", "severities", "preset")}
+    settings = {key: value for key, value in raw.items() if key != "attack"}
     if isinstance(settings.get("layers"), list):
         settings["layers"] = tuple(settings["layers"])
-    run = MetricsRun(attack=attack, corruptions=names, severities=severities, preset=preset, **settings)
+    run = MetricsRun(attack=attack, **settings)
     _check_metrics_settings(run)
     return run
+
+
+def _source_entry(runs: tuple[AttackRun, ...], attack: Attack) -> tuple[int, int] | None:
+    """(position, epsilon index) of the first attack entry that runs exactly ``attack``
+    (one restart), or None."""
+    for position, run in enumerate(runs):
+        if run.restarts != 1 or run.attack.name != attack.name:
+            continue
+        for index, eps in enumerate(run.eps or (None,)):
+            if (run.attack if eps is None else dataclasses.replace(run.attack, eps=eps)) == attack:
+                return position, index
+    return None
 
 
 def _check_metrics_settings(run: MetricsRun) -> None:
@@ -459,13 +495,10 @@ def _check_metrics_settings(run: MetricsRun) -> None:
         raise ValueError(f"plan: metrics.toolkit_compat must be true or false, got {run.toolkit_compat!r}")
     try:
         check_choice(run.conv_neuron, ("channel", "unit"), "metrics.conv_neuron")
-        check_choice(run.mce_baseline, ("reference", *BASELINES), "metrics.mce_baseline")
         if run.ald_l0_denominator is not None:
             check_choice(run.ald_l0_denominator, L0_DENOMINATORS, "metrics.ald_l0_denominator")
     except ValueError as error:
         raise ValueError(f"plan: {error}") from None
-    if run.mce_baseline != "reference":
-        _check_baseline(run.mce_baseline, run.corruptions, run.severities, "metrics.mce_baseline")
 
 
 def _sequence_run(raw) -> SequenceRun:
@@ -554,7 +587,7 @@ def _technique_set(where: str, spec):
         raise ValueError(f"plan: {where} must be a string of comma-separated technique names or a list of names, "
                          f"got {spec!r}")
     try:
-        return training.parse([name for name in spec if name.strip() != "baseline"])
+        return training.techniques.create([name for name in spec if name.strip() != "baseline"])
     except ValueError as error:
         raise ValueError(f"plan: {where}: {error}") from None
 
@@ -630,6 +663,11 @@ def plan_from_dict(raw: dict) -> Plan:
     sequences = _sequence_run(raw["sequences"]) if "sequences" in raw else None
     system_noise = _system_noise_run(raw["system_noise"]) if "system_noise" in raw else None
     metrics = _metrics_run(raw["metrics"]) if "metrics" in raw else None
+    if metrics is not None and _source_entry(runs, metrics.attack) is None:
+        runs = (*runs, AttackRun(metrics.attack, (metrics.attack.eps,) if hasattr(metrics.attack, "eps") else ()))
+    if corruptions is not None and corruptions.baseline == REFERENCE_BASELINE and (metrics is None
+                                                                                   or metrics.reference is None):
+        raise ValueError('plan: corruptions.baseline = "reference" needs a reference model: set metrics.reference')
     natural_shift = _natural_shift_run(raw["natural_shift"]) if "natural_shift" in raw else None
     training = _training_run(raw["training"]) if "training" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed", "precision") if key in raw}
@@ -637,6 +675,12 @@ def plan_from_dict(raw: dict) -> Plan:
         settings["sanity"] = _sanity_run(raw["sanity"])
     return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, metrics=metrics,
                 natural_shift=natural_shift, training=training, **settings)
+
+
+def create(name: str) -> Plan:
+    """Built-in plan ``name`` (``builtin_plans.names()``), read and validated (every attack
+    config built); an unknown name gets the registries' did-you-mean error."""
+    return plan_from_dict(tomllib.loads(builtin_plans.get(name)))
 
 
 def load_plan(spec: str | Path) -> Plan:
@@ -647,11 +691,12 @@ def load_plan(spec: str | Path) -> Plan:
             text, source, is_json = path.read_text(encoding="utf-8"), str(path), path.suffix == ".json"
         except UnicodeDecodeError as error:
             raise ValueError(f"plan {path}: not a UTF-8 text file ({error})") from None
-    elif str(spec) in builtin_plans():
-        text = builtin_plan_text(str(spec))
-        source, is_json = f"built-in plan {spec!r}", False
     else:
-        raise ValueError(f"no plan file at {str(spec)!r}, and no built-in plan of that name ({builtin_plans()})")
+        try:
+            text = builtin_plans.get(str(spec))
+        except ValueError as error:
+            raise ValueError(f"no plan file at {str(spec)!r}, and {error}") from None
+        source, is_json = f"built-in plan {spec!r}", False
     try:
         raw = json.loads(text) if is_json else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:

@@ -2,14 +2,17 @@
 
 ``robustjax evaluate --out DIR`` keeps, beside ``DIR/report.json``, the folder ``DIR/items``:
 
-- ``fingerprint.json``: what every stored result depends on (:func:`fingerprint`: the plan,
-  the model's weights, the evaluated examples, the metrics' reference model and profiling
-  set, the environment). A store whose fingerprint differs from the run's is refused,
-  naming what differs, unless the run asks to start afresh;
+- ``fingerprint.json``: what every stored result depends on besides the plan
+  (:func:`fingerprint`: the store's format, the model's weights, the evaluated examples, the
+  metrics' reference model and profiling set, the environment). A store whose fingerprint
+  differs from the run's is refused, naming what differs, unless the run asks to start afresh;
 - one ``NAME.npz`` per finished item (the clean pass, each ``[[attacks]]`` entry, each
-  corruption, each sequence perturbation, the system noise, the metrics): its report
-  section as JSON text under ``section`` and the per-example arrays later items need (the
-  masks behind ``worst_case``), read back with ``allow_pickle=False``.
+  corruption, each sequence perturbation, the system noise, the metrics, the checks): its
+  report section as JSON text under ``section`` and its per-example records (correctness
+  under the item, the transferred examples' outcome, the metrics' accumulator states), read
+  back with ``allow_pickle=False``. ``NAME`` holds a hash of the item's settings
+  (:func:`content_name`), so a rerun after an edit to the plan reuses every item the edit
+  left unchanged.
 
 Every file is written to a temporary file in the same folder, flushed to disk and moved into
 place with ``os.replace``, so a run killed at any moment leaves only whole items. An item
@@ -24,7 +27,6 @@ import fcntl
 import hashlib
 import io
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -36,13 +38,15 @@ import numpy as np
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.evaluation.plan import Plan
+from robustjax.files import write_atomically
+from robustjax.output_folder import LOCK_FILE
 
-ITEMS_FOLDER = "items"
 FINGERPRINT_FILE = "fingerprint.json"
-LOCK_FILE = "lock"
 SECTION_KEY = "section"
 # Room an evaluation needs on disk beyond its per-example masks: the report and item sections.
 DISK_MARGIN_BYTES = 4 << 20
+# The layout of a store's items; a store of another format is refused, naming --fresh.
+STORE_FORMAT = 2
 
 
 class StoreMismatch(ValueError):
@@ -82,10 +86,11 @@ def _model(classifier: Classifier) -> dict:
 
 def fingerprint(classifier: Classifier, dataset: ImageDataset, plan: Plan, environment: dict, *,
                 profile: ImageDataset | None = None, reference: Classifier | None = None) -> dict:
-    """What the results of an evaluation depend on. The profiling set (a training split,
-    possibly large) counts by its name and size; every other input by a hash of its content."""
+    """What the results of an evaluation depend on besides the plan, whose settings name each
+    item (:func:`content_name`). The profiling set (a training split, possibly large) counts
+    by its name and size; every other input by a hash of its content."""
     return {
-        "plan": plan.as_dict(),
+        "format": STORE_FORMAT,
         "model": _model(classifier),
         "data": {"name": dataset.name, "examples": _examples_digest(dataset, plan.num_examples)},
         "reference": None if reference is None else _model(reference),
@@ -129,36 +134,6 @@ def check_free_space(folder: Path, needed_bytes: int) -> None:
                       f"needs about {needed_bytes / 2**20:.1f} MiB; free some space or choose another folder")
 
 
-def store_is_held(folder: str | Path) -> bool | None:
-    """Whether a process (this one included) holds the item store in ``folder`` open for
-    writing; None when there is no store there."""
-    path = Path(folder) / LOCK_FILE
-    if not path.is_file():
-        return None
-    with open(path) as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-    return False  # closing the file released the shared lock
-
-
-def write_atomically(path: Path, write: Callable) -> None:
-    """Writes ``path`` through ``write(file)`` (a binary file) into a temporary file beside
-    it, ``.NAME.*.tmp``, flushed to disk, then replaces ``path`` with it: a reader never sees
-    half a file, and a writer killed at any moment leaves the old one whole."""
-    with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                     delete=False) as file:
-        try:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        except BaseException:
-            os.unlink(file.name)
-            raise
-    os.replace(file.name, path)
-
-
 class ItemStore:
     """The finished items of one evaluation, in a folder (see the module's docstring).
     ``ItemStore.open`` creates it or checks that it holds the same evaluation."""
@@ -187,6 +162,11 @@ class ItemStore:
         if fresh or stored is None:
             store._discard()
             write_atomically(folder / FINGERPRINT_FILE, lambda f: f.write(json.dumps(expected, indent=1).encode()))
+        elif stored.get("format") != expected.get("format"):
+            store.close()
+            raise StoreMismatch(f"{folder} holds items in an older store format (before format {STORE_FORMAT}), "
+                                "which this version cannot reuse; rerun with --fresh to discard them and start over, "
+                                "or choose another output folder")
         elif stored != expected:
             store.close()
             differ = ", ".join(sorted(k for k in stored.keys() | expected.keys() if stored.get(k) != expected.get(k)))
@@ -270,7 +250,33 @@ def _read_item(file) -> Finished | None:
         return None
 
 
-def run_item(store: ItemStore | None, name: str, compute: Callable[[], Finished]) -> Finished:
+def content_name(kind: str, settings: dict) -> str:
+    """``KIND-<16 hex digits>``: a stored item's name, from a hash of the JSON of the
+    ``settings`` its outcome depends on."""
+    text = json.dumps(settings, sort_keys=True)
+    return f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+class Scoped:
+    """A view of ``store`` in which item ``NAME`` is stored as ``content_name(NAME, settings)``:
+    for sections that name their items by position, ``settings`` being what else they depend on."""
+
+    def __init__(self, store: ItemStore, settings: dict):
+        self.store, self.settings = store, settings
+
+    def load(self, name: str) -> Finished | None:
+        return self.store.load(content_name(name, self.settings))
+
+    def save(self, name: str, finished: Finished) -> None:
+        self.store.save(content_name(name, self.settings), finished)
+
+
+def scoped(store: ItemStore | None, settings: dict) -> Scoped | None:
+    """``store`` seen through :class:`Scoped` (None without a store)."""
+    return None if store is None else Scoped(store, settings)
+
+
+def run_item(store: ItemStore | Scoped | None, name: str, compute: Callable[[], Finished]) -> Finished:
     """Item ``name`` from ``store`` when it is there; else ``compute()``, stored once it
     returns (an exception propagates and stores nothing). Without a store, ``compute()``."""
     if store is not None and (finished := store.load(name)) is not None:

@@ -36,9 +36,10 @@ from robustjax.data.shift import ShiftSet
 from robustjax.distributed import to_host
 from robustjax.evaluation import metric_suite, natural_shift, progress, sanity
 from robustjax.evaluation.items import jpeg_bytes
-from robustjax.evaluation.parallel import DataParallel
+from robustjax.evaluation.parallel import DataParallel, predict
 from robustjax.evaluation.plan import (
     BASELINES,
+    REFERENCE_BASELINE,
     AttackRun,
     CorruptionRun,
     Plan,
@@ -46,20 +47,20 @@ from robustjax.evaluation.plan import (
     SystemNoiseRun,
 )
 from robustjax.evaluation.progress import UNTRACKED, OnStep, Step
-from robustjax.evaluation.resume import Finished, ItemStore, run_item
+from robustjax.evaluation.resume import Finished, ItemStore, content_name, run_item, scoped
 from robustjax.evaluation.timing import Timing, timed
+from robustjax.output_folder import SCHEMA_VERSION
 from robustjax.precision import with_precision
 from robustjax.zoo.registry import count_params
 
-SCHEMA_VERSION = 5
 NORMS = ("linf", "l2", "l1", "l0")
 # Installed distributions whose version can change a figure (model code, numerics, decoders).
 VERSIONED = ("jaxlib", "flax", "numpy", "optax", "pillow", "opencv-python-headless", "opencv-python", "av")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _predict_corrupted(name: str, severity: int, preset: str, classifier: Classifier, x, key) -> jax.Array:
-    return jnp.argmax(classifier(noise.corruption_fn(name, severity, preset)(x, key)), axis=-1)
+def _corrupt(name: str, severity: int, preset: str, x: jax.Array, key: jax.Array) -> jax.Array:
+    return noise.create(name, severity, preset)(x, key)
 
 
 def _mean_or_none(values: np.ndarray) -> float | None:
@@ -111,15 +112,27 @@ def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, par
     return section, correct
 
 
-def _clean_item(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                step: Step) -> Finished:
+def _clean_item(classifier: Classifier, reference: Classifier | None, dataset: ImageDataset, plan: Plan,
+                parallel: DataParallel, step: Step) -> Finished:
+    """The clean pass: its section and the per-example correctness of the model (and of
+    ``reference``, the baseline of relative mCE), which every later section reads."""
     section, correct = clean_section(classifier, dataset, plan, parallel, step)
-    return Finished(section, {"correct": correct})
+    arrays = {"correct": correct}
+    if reference is not None:
+        arrays["reference_correct"] = np.concatenate([(to_host(predict(reference, x)) == to_host(y))[mask]
+                                                      for x, y, mask in parallel.batches(dataset, plan.num_examples)])
+    return Finished(section, arrays)
+
+
+# (batch number, images, labels, host mask of real examples, adversarial examples of one epsilon)
+OnAdversarial = Callable[[int, jax.Array, jax.Array, np.ndarray, jax.Array], None]
 
 
 def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                    step: Step):
-    """Yields, per batch, the host mask and the per-epsilon results (leading axis: epsilon)."""
+                    step: Step, on_adversarial: tuple[int, OnAdversarial] | None = None):
+    """Yields, per batch, the host mask and the per-epsilon results (leading axis: epsilon).
+    ``on_adversarial`` (epsilon index, consumer) receives that epsilon's adversarial examples
+    of each batch as they are made."""
     key = jax.random.key(plan.seed)
     for index, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
         batch_key = jax.random.fold_in(key, index)
@@ -127,6 +140,9 @@ def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDatase
             result = run.attack.sweep(classifier, x, y, key=batch_key, eps=run.eps, restarts=run.restarts)
         else:
             result = jax.tree.map(lambda a: a[None], run.attack(classifier, x, y, key=batch_key))
+        if on_adversarial is not None:
+            entry, consume = on_adversarial
+            consume(index, x, y, mask, result.x_adv[entry])
         delta = result.x_adv - x[None]
         norms = {norm: jax.vmap(lambda d: per_example_norm(d, norm))(delta) for norm in NORMS}
         yield mask, {"success": result.success, "queries": result.queries, **norms}
@@ -140,13 +156,15 @@ def _share(part, whole) -> float | None:
 def attack_sections(
     run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
     parallel: DataParallel, clean_correct: np.ndarray, step: Step = UNTRACKED,
+    on_adversarial: tuple[int, OnAdversarial] | None = None,
 ) -> tuple[list[dict], list[np.ndarray]]:
     """Robust accuracy, success rate, perturbation norms, queries and timing of one plan
     entry: one section per epsilon of its sweep, and per section the host mask of the
-    examples the attack did not fool (correct under attack). ``step`` advances per batch."""
+    examples the attack did not fool (correct under attack). ``step`` advances per batch;
+    ``on_adversarial`` sees one epsilon's adversarial examples (:func:`_attack_batches`)."""
     columns: dict[str, list[np.ndarray]] = {}
     with timed() as timing:
-        for mask, values in _attack_batches(run, classifier, dataset, plan, parallel, step):
+        for mask, values in _attack_batches(run, classifier, dataset, plan, parallel, step, on_adversarial):
             for name, value in values.items():
                 columns.setdefault(name, []).append(to_host(value)[:, mask])
     columns = {name: np.concatenate(parts, axis=1) for name, parts in columns.items()}
@@ -205,24 +223,33 @@ def worst_case_section(attacks: list[tuple[dict, np.ndarray]], clean_correct: np
 
 
 def _corruption_item(name: str, index: int, preset: str, run: CorruptionRun, classifier: Classifier,
-                     dataset: ImageDataset, plan: Plan, parallel: DataParallel, step: Step) -> Finished:
-    """Accuracy under corruption ``name`` (position ``index`` in the plan) at every severity;
+                     baseline: Classifier | None, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
+                     step: Step) -> Finished:
+    """Accuracy under corruption ``name`` (position ``index`` in the plan) at every severity,
+    and the per-example correctness behind it, (severities, examples); ``baseline`` (the
+    reference model of a ``"reference"`` baseline) classifies the same corrupted images.
     ``step`` advances per batch and severity."""
     seed_key = jax.random.key(plan.seed)
+    models = {"correct": classifier} | ({} if baseline is None else {"baseline_correct": baseline})
     with timed() as timing:
-        accuracies = []
+        outcomes = {kind: [] for kind in models}
         for severity in run.severities:
             key = jax.random.fold_in(jax.random.fold_in(seed_key, index), severity)
-            correct = [
-                (to_host(_predict_corrupted(name, severity, preset, classifier, x,
-                                            jax.random.fold_in(key, batch))) == to_host(y))[mask]
-                for batch, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples)))
-            ]
-            accuracies.append(float(np.concatenate(correct).mean()))
+            correct = {kind: [] for kind in models}
+            for batch, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
+                corrupted = _corrupt(name, severity, preset, x, jax.random.fold_in(key, batch))
+                for kind, model in models.items():
+                    correct[kind].append((to_host(predict(model, corrupted)) == to_host(y))[mask])
+            for kind in models:
+                outcomes[kind].append(np.concatenate(correct[kind]))
+    outcomes = {kind: np.stack(rows) for kind, rows in outcomes.items()}
     family = noise.get(name).family
-    results = [{"name": name, "family": family, "severity": severity, "accuracy": accuracy, "error": 1.0 - accuracy}
-               for severity, accuracy in zip(run.severities, accuracies)]
-    return Finished({"results": results, "seconds": dataclasses.asdict(timing)})
+    results = [{"name": name, "family": family, "severity": severity, "accuracy": float(correct.mean()),
+                "error": 1.0 - float(correct.mean())} for severity, correct in zip(run.severities, outcomes["correct"])]
+    if baseline is not None:
+        for result, correct in zip(results, outcomes["baseline_correct"]):
+            result["baseline_error"] = 1.0 - float(correct.mean())
+    return Finished({"results": results, "seconds": dataclasses.asdict(timing)}, outcomes)
 
 
 def _named_items(store: ItemStore | None, kind: str, names: tuple[str, ...], section: dict,
@@ -253,44 +280,74 @@ def _total(seconds: list[dict]) -> Timing:
 
 def corruption_section(
     run: CorruptionRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-    clean_accuracy: float, on_progress: Callable[[dict], None], store: ItemStore | None = None,
-    on_step: OnStep = progress.ignore,
+    clean_correct: np.ndarray, on_progress: Callable[[dict], None], store: ItemStore | None = None,
+    on_step: OnStep = progress.ignore, reference: Classifier | None = None,
+    reference_correct: np.ndarray | None = None,
 ) -> dict:
     """Accuracy under every corruption and severity, and the corruption errors (mCE and
-    relative mCE when the run names a baseline). ``on_progress`` receives the section after
-    each corruption (one item of ``store``, one step of ``on_step``); a corruption that
-    fails is recorded and the others still run."""
+    relative mCE when the run names a baseline: a published table, or ``reference`` on the
+    same corrupted images with ``reference_correct`` its clean outcome). ``on_progress``
+    receives the section after each corruption (one item of ``store``, one step of
+    ``on_step``); a corruption that fails is recorded and the others still run."""
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
+    baseline = reference if run.baseline == REFERENCE_BASELINE else None
+    if run.baseline == REFERENCE_BASELINE and (reference is None or reference_correct is None):
+        raise ValueError('corruptions.baseline = "reference" needs the reference model (metrics.reference) and '
+                         "its clean outcome")
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
+    if baseline is not None:
+        section["baseline_model"] = baseline.name
     units = len(run.severities) * num_batches(dataset, plan, parallel)
-    seconds = _named_items(store, "corruption", run.names, section, on_progress, on_step, units,
-                           lambda index, name, step: _corruption_item(name, index, preset, run, classifier, dataset,
-                                                                      plan, parallel, step))
-    section.update(corruption_summary(section["results"], run, 1.0 - clean_accuracy))
+    seconds = _named_items(scoped(store, corruption_scope(plan)), "corruption", run.names, section, on_progress, on_step, units,
+                           lambda index, name, step: _corruption_item(name, index, preset, run, classifier, baseline,
+                                                                      dataset, plan, parallel, step))
+    baseline_clean = None if baseline is None else 1.0 - float(reference_correct.mean())
+    section.update(corruption_summary(section["results"], run, 1.0 - float(clean_correct.mean()), baseline_clean))
     section["timing"] = _total(seconds).as_dict(len(section["results"]) * num_evaluated(dataset, plan))
     section["status"] = "ok" if not section["failed"] else "incomplete"
     return section
 
 
-def corruption_summary(results: list[dict], run: CorruptionRun, clean_error: float) -> dict:
+def corruption_summary(results: list[dict], run: CorruptionRun, clean_error: float,
+                       baseline_clean_error: float | None = None) -> dict:
     """Per-corruption mean error (and CE, relative CE against the baseline), their means
-    over all corruptions and per family."""
+    over all corruptions and per family. The baseline's errors are a published table's, or
+    for the ``"reference"`` baseline each result's ``baseline_error`` with
+    ``baseline_clean_error``. Where the baseline makes no error (CE) or no more error than
+    clean (relative CE), the mean is None and ``mce_reason`` (``relative_mce_reason``) says why."""
     names = list(dict.fromkeys(r["name"] for r in results))
-    errors = np.array([[r["error"] for r in results if r["name"] == name] for name in names]).reshape(len(names), -1)
+    if not names:
+        return {"per_corruption": [], "mce": None, "relative_mce": None, "mean_error": None,
+                "mean_error_by_family": {}}
+    errors = np.array([[r["error"] for r in results if r["name"] == name] for name in names])
     per_corruption = [{"name": name, "family": noise.get(name).family,
                        "mean_error": float(e)} for name, e in zip(names, metrics.mean_corruption_error(errors))]
     summary = {"per_corruption": per_corruption, "mce": None, "relative_mce": None,
-               "mean_error": float(np.mean([c["mean_error"] for c in per_corruption])) if names else None,
+               "mean_error": float(np.mean([c["mean_error"] for c in per_corruption])),
                "mean_error_by_family": {
                    family: float(np.mean([c["mean_error"] for c in per_corruption if c["family"] == family]))
                    for family in dict.fromkeys(c["family"] for c in per_corruption)}}
-    if run.baseline is not None and names:
+    if run.baseline is None:
+        return summary
+    if run.baseline == REFERENCE_BASELINE:
+        baseline = np.array([[r["baseline_error"] for r in results if r["name"] == name] for name in names])
+        baseline_clean = baseline_clean_error
+    else:
         baseline = np.array([BASELINES[run.baseline][name] for name in names])
-        ce = metrics.corruption_error(errors, baseline)
-        relative = metrics.relative_corruption_error(errors, clean_error, baseline, metrics.ALEXNET_CLEAN_ERROR)
-        for entry, c, r in zip(per_corruption, ce, relative):
-            entry.update(ce=float(c), relative_ce=float(r))
-        summary.update(mce=float(np.mean(ce)), relative_mce=float(np.mean(relative)))
+        baseline_clean = metrics.ALEXNET_CLEAN_ERROR
+    for key, flat, why in (("mce", baseline.sum(axis=1) <= 0, "makes no error under"),
+                           ("relative_mce", (baseline - baseline_clean).sum(axis=1) <= 0,
+                            "makes no more error than on clean images under")):
+        if flat.any():
+            summary[f"{key}_reason"] = (f"the baseline ({run.baseline}) {why} {[n for n, f in zip(names, flat) if f]}, so "
+                                        f"{'CE' if key == 'mce' else 'relative CE'} is undefined")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ce = np.asarray(metrics.corruption_error(errors, baseline))
+        relative = np.asarray(metrics.relative_corruption_error(errors, clean_error, baseline, baseline_clean))
+    for entry, c, r in zip(per_corruption, ce, relative):
+        entry.update(ce=float(c) if np.isfinite(c) else None, relative_ce=float(r) if np.isfinite(r) else None)
+    summary.update(mce=None if "mce_reason" in summary else float(np.mean(ce)),
+                   relative_mce=None if "relative_mce_reason" in summary else float(np.mean(relative)))
     return summary
 
 
@@ -307,7 +364,7 @@ def _sequence_item(name: str, index: int, preset: str, run: SequenceRun, classif
                                            difficulty=run.difficulty, preset=preset)
             flips.append(to_host(out["flip_rate_per_sequence"])[mask])
             top5.append(to_host(out["top5_distance_per_sequence"])[mask])
-    result = {"name": name, "family": noise.sequences.FAMILY[name],
+    result = {"name": name, "family": noise.sequences.get(name).family,
               "flip_probability": float(np.concatenate(flips).mean()),
               "top5_distance": float(np.concatenate(top5).mean())}
     return Finished({"results": [result], "seconds": dataclasses.asdict(timing)})
@@ -324,7 +381,7 @@ def sequence_section(
     classifier = parallel.replicate(classifier)
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
-    seconds = _named_items(store, "sequence", run.names, section, on_progress, on_step,
+    seconds = _named_items(scoped(store, _scope(plan, run)), "sequence", run.names, section, on_progress, on_step,
                            num_batches(dataset, plan, parallel),
                            lambda index, name, step: _sequence_item(name, index, preset, run, classifier, dataset,
                                                                     plan, parallel, step))
@@ -410,18 +467,59 @@ def randomness(plan: Plan, parallel: DataParallel) -> dict:
             "sequences": "fold_in(fold_in(key(seed), p), b): perturbation p (its position in names), batches of "
                          "sequences.batch_size rounded up to a multiple of the devices",
             "system_noise": None,
-            "metrics": "attack: fold_in(fold_in(k, b), 0) and on the reference fold_in(fold_in(k, b), 1), EBD: e, "
-                       "where k, e = split(fold_in(key(seed), 23)); corruption c at severity s: "
-                       "fold_in(fold_in(fold_in(fold_in(key(seed), 24), c), s), b)",
+            "metrics": "the adversarial examples of the attack entry they name (its keys); the transfer attack "
+                       "on the reference: fold_in(fold_in(k, b), 1), EBD: e, where k, e = "
+                       "split(fold_in(key(seed), 23))",
             "sanity": "fold_in(key(seed), 25), for PGD's random starts",
         },
     }
 
 
 def _attack_item(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                 clean_correct: np.ndarray, step: Step) -> Finished:
-    sections, adversarial_correct = attack_sections(run, classifier, dataset, plan, parallel, clean_correct, step)
+                 clean_correct: np.ndarray, step: Step, on_adversarial: tuple[int, OnAdversarial] | None) -> Finished:
+    sections, adversarial_correct = attack_sections(run, classifier, dataset, plan, parallel, clean_correct, step,
+                                                    on_adversarial)
     return Finished({"entries": sections}, {"correct": np.stack(adversarial_correct)})
+
+
+def _common(plan: Plan) -> dict:
+    """What every item's outcome depends on besides its own settings: the seed (keys), the
+    batch size (keys are drawn per batch) and the precision."""
+    return {"seed": plan.seed, "batch_size": plan.batch_size, "precision": plan.precision}
+
+
+def _scope(plan: Plan, run: CorruptionRun | SequenceRun) -> dict:
+    """What a corruption's or a perturbation's item depends on besides its name and position."""
+    return _common(plan) | {key: value for key, value in run.as_dict().items() if key != "names"}
+
+
+def corruption_scope(plan: Plan) -> dict:
+    """The scope (``resume.Scoped``) in which ``corruption-{index}-{name}`` names each
+    corruption's item."""
+    return _scope(plan, plan.corruptions)
+
+
+def attack_settings(run: AttackRun) -> dict:
+    """The settings an attack entry's outcome depends on (with :func:`_common`)."""
+    return {"attack": run.attack.name, "params": run.attack.params(), "eps": list(run.eps), "restarts": run.restarts}
+
+
+def item_names(plan: Plan) -> dict[str, str]:
+    """The stored name of each item of ``plan`` that is named by its own settings: ``clean``,
+    ``attack-{position}``, ``system_noise``, ``metrics``, ``sanity`` (corruptions, sequences
+    and natural-shift sets are named within their section's scope)."""
+    common = _common(plan)
+    names = {"clean": content_name("clean", common | {"reference": plan.reference})}
+    for position, run in enumerate(plan.runs):
+        names[f"attack-{position}"] = content_name("attack", common | attack_settings(run))
+    if plan.system_noise is not None:
+        names["system_noise"] = content_name("system_noise", common | plan.system_noise.as_dict())
+    if plan.metrics is not None:
+        position, entry = plan.metrics_source()
+        names["metrics"] = content_name("metrics", common | {"metrics": plan.metrics.as_dict(), "entry": entry,
+                                                             "attack": attack_settings(plan.runs[position])})
+    names["sanity"] = content_name("sanity", common | {"plan": plan.as_dict()})  # it reads the whole report
+    return names
 
 
 def attack_step(run: AttackRun) -> str:
@@ -430,11 +528,6 @@ def attack_step(run: AttackRun) -> str:
     norm = f" {params['norm']}" if "norm" in params else ""
     eps = run.eps or ((params["eps"],) if params.get("eps") is not None else ())
     return f"attack {run.attack.name}{norm}" + (f" eps={','.join(f'{e:.4g}' for e in eps)}" if eps else "")
-
-
-def stored_section(store: ItemStore | None, name: str, compute: Callable[[], dict]) -> dict:
-    """A section that is one item of ``store`` (no per-example arrays)."""
-    return run_item(store, name, lambda: Finished(compute())).section
 
 
 def evaluate(
@@ -514,27 +607,17 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
               profile: ImageDataset | None, reference: Classifier | None, on_update: Callable[[dict], None],
               store: ItemStore | None, on_step: OnStep, shift_sets: list[ShiftSet] | None = None) -> None:
     """Fills ``report`` item by item, passing it to ``on_update`` after each; each item is a
-    step for ``on_step``."""
+    step for ``on_step``. Every section reads the records of the items it builds on: the
+    clean pass's correctness, the attack entries' outcomes, the corruption errors."""
+    names = item_names(plan)
+    if reference is not None:
+        reference = parallel.replicate(reference)
     batches = num_batches(dataset, plan, parallel)
     with progress.step(on_step, "clean", batches) as step:
-        clean = run_item(store, "clean", lambda: _clean_item(classifier, dataset, plan, parallel, step))
+        clean = run_item(store, names["clean"], lambda: _clean_item(classifier, reference, dataset, plan, parallel,
+                                                                    step))
     report["clean"], clean_correct = clean.section, clean.arrays["correct"]
     on_update(report)
-    finished = []  # (section, mask of the examples correct under the attack) of every attack that ran
-    for position, run in enumerate(plan.runs):
-        try:
-            with progress.step(on_step, attack_step(run), batches) as step:
-                item = run_item(store, f"attack-{position}-{run.attack.name}", lambda: _attack_item(
-                    run, classifier, dataset, plan, parallel, clean_correct, step))
-            sections, adversarial_correct = item.section["entries"], list(item.arrays["correct"])
-        except Exception as error:  # recorded in the report; the rest of the plan still runs
-            sections, adversarial_correct = [{"name": run.attack.name, "params": params, "status": "failed",
-                                              "error": f"{type(error).__name__}: {error}"}
-                                             for params in run.entries()], []
-        report["attacks"].extend(sections)
-        finished.extend(zip(sections, adversarial_correct))
-        report["worst_case"] = worst_case_section(finished, clean_correct)
-        on_update(report)
 
     def publish(part: str) -> Callable[[dict], None]:
         """Stores a (partial) section in the report and passes the report on."""
@@ -544,40 +627,134 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
 
         return update
 
+    def failed(settings: dict, error: BaseException) -> dict:
+        return {"status": "failed", **settings, "error": f"{type(error).__name__}: {error}"}
+
+    metrics = _MetricsOfEntry(plan, store, names, classifier, dataset, parallel, profile, reference, on_step)
+    finished = []  # (section, mask of the examples correct under the attack) of every attack that ran
+    for position, run in enumerate(plan.runs):
+        name, consumer = names[f"attack-{position}"], metrics.consumer(position)
+        try:
+            with progress.step(on_step, attack_step(run), batches) as step:
+                compute = lambda: _attack_item(run, classifier, dataset, plan, parallel, clean_correct, step, consumer)
+                # the metrics read this entry's adversarial examples as they are made: run it even when stored
+                item = run_item(None if consumer else store, name, compute)
+                if consumer is not None and store is not None:
+                    store.save(name, item)
+            sections, adversarial_correct = item.section["entries"], list(item.arrays["correct"])
+        except Exception as error:  # recorded in the report; the rest of the plan still runs
+            sections, adversarial_correct = [{"name": run.attack.name, "params": params, "status": "failed",
+                                              "error": f"{type(error).__name__}: {error}"}
+                                             for params in run.entries()], []
+            metrics.source_failed(position, error)
+        report["attacks"].extend(sections)
+        finished.extend(zip(sections, adversarial_correct))
+        metrics.source_finished(position, sections, adversarial_correct)
+        report["worst_case"] = worst_case_section(finished, clean_correct)
+        on_update(report)
+    metrics.store_item(num_evaluated(dataset, plan))
+
     if plan.corruptions is not None:
-        publish("corruptions")(corruption_section(plan.corruptions, classifier, dataset, plan, parallel,
-                                                  report["clean"]["accuracy"], publish("corruptions"), store,
-                                                  on_step))
+        try:
+            publish("corruptions")(corruption_section(
+                plan.corruptions, classifier, dataset, plan, parallel, clean_correct, publish("corruptions"), store,
+                on_step, reference, clean.arrays.get("reference_correct")))
+        except Exception as error:  # recorded in the report
+            publish("corruptions")(failed(plan.corruptions.as_dict(), error))
     if plan.sequences is not None:
         publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences"), store,
                                               on_step))
     if plan.natural_shift is not None:
         publish("natural_shift")(natural_shift.natural_shift_section(
             plan.natural_shift, shift_sets, classifier, dataset, plan, parallel, report["clean"]["accuracy"],
-            publish("natural_shift"), store, on_step))
+            publish("natural_shift"), scoped(store, _common(plan) | {"natural_shift": plan.natural_shift.as_dict()}),
+            on_step))
+
     def stored_or_failed(part: str, settings: dict, units: tuple[int, str], compute: Callable[[Step], dict]) -> None:
         """Publishes a section that is one item of ``store`` and one step of ``units`` (count
         and name; count 0: the section sets it); one that raises is recorded as failed with
         ``settings`` and its error, like a failed attack, and the plan goes on."""
         try:
             with progress.step(on_step, part.replace("_", " "), *units) as step:
-                section = stored_section(store, part, lambda: compute(step))
+                section = run_item(store, names[part], lambda: Finished(compute(step))).section
             publish(part)(section)
         except Exception as error:  # recorded in the report
-            publish(part)({"status": "failed", **settings, "error": f"{type(error).__name__}: {error}"})
+            publish(part)(failed(settings, error))
 
     if plan.system_noise is not None:
         stored_or_failed("system_noise", plan.system_noise.as_dict(), (1, "passes"), lambda step: system_noise_section(
             plan.system_noise, classifier, dataset, plan, step))
     if plan.metrics is not None:
-        stored_or_failed("metrics", {"settings": plan.metrics.as_dict()}, (0, "batches"), lambda step: metric_suite.metrics_section(
-            plan.metrics, classifier, dataset, plan, parallel, profile=profile, reference=reference,
-            on_progress=publish("metrics"), step=step))
+        try:
+            publish("metrics")(metrics.section(report["clean"], clean_correct, report["corruptions"]))
+        except Exception as error:  # recorded in the report
+            publish("metrics")(failed({"settings": plan.metrics.as_dict()}, error))
     if plan.sanity.enabled:  # after the metrics: the black-box check reads their transfer accuracy
         stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, (len(sanity.MODEL_CHECKS) + 1, "checks"),
-                         lambda step: sanity.sanity_section(classifier, dataset, plan, parallel, report, step=step))
-    failed = any(section["status"] != "ok" for section in report["attacks"])
-    failed |= any(report[part] is not None and report[part]["status"] != "ok"
-                  for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity", "natural_shift"))
-    report["status"] = "incomplete" if failed else "complete"
+                         lambda step: sanity.sanity_section(classifier, dataset, plan, parallel, report,
+                                                            clean_correct, step=step))
+    failed_parts = any(section["status"] != "ok" for section in report["attacks"])
+    failed_parts |= any(report[part] is not None and report[part]["status"] != "ok"
+                        for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity", "natural_shift"))
+    report["status"] = "incomplete" if failed_parts else "complete"
     on_update(report)
+
+
+class _MetricsOfEntry:
+    """The metrics item of a plan and the attack entry it reads (``Plan.metrics_source``):
+    unless the item is stored, a :class:`metric_suite.MetricsPass` is built before that entry
+    runs and fed its adversarial examples; the item is stored once the entry finishes, and
+    its section completed from the other items' records at the end."""
+
+    def __init__(self, plan: Plan, store: ItemStore | None, names: dict[str, str], classifier: Classifier,
+                 dataset: ImageDataset, parallel: DataParallel, profile: ImageDataset | None,
+                 reference: Classifier | None, on_step: OnStep):
+        self.plan, self.store, self.name = plan, store, names.get("metrics")
+        self.item: Finished | None = None
+        self.pass_: metric_suite.MetricsPass | None = None
+        self.error: BaseException | None = None
+        self.source_section: dict | None = None
+        self.source_correct: np.ndarray | None = None
+        if plan.metrics is None:
+            return
+        self.position, self.entry = plan.metrics_source()
+        self.item = None if store is None else store.load(self.name)
+        if self.item is not None:
+            return
+        try:
+            with progress.step(on_step, "metrics profiling", 0, "batches") as step:
+                self.pass_ = metric_suite.MetricsPass(plan.metrics, classifier, dataset, plan, parallel,
+                                                      profile=profile, reference=reference, step=step)
+        except Exception as error:  # recorded in the metrics section; the plan goes on
+            self.error = error
+
+    def consumer(self, position: int) -> tuple[int, OnAdversarial] | None:
+        """What the attack entry at ``position`` feeds its adversarial examples to, if any."""
+        if self.pass_ is None or position != self.position:
+            return None
+        return self.entry, self.pass_.update
+
+    def source_failed(self, position: int, error: BaseException) -> None:
+        if self.plan.metrics is not None and position == self.position and self.item is None:
+            self.pass_, self.error = None, ValueError(f"the attack entry the metrics read failed ({error})")
+
+    def source_finished(self, position: int, sections: list[dict], adversarial_correct: list[np.ndarray]) -> None:
+        if self.plan.metrics is not None and position == self.position and adversarial_correct:
+            self.source_section, self.source_correct = sections[self.entry], adversarial_correct[self.entry]
+
+    def store_item(self, num_examples: int) -> None:
+        """Finishes the pass into the metrics item and stores it."""
+        if self.pass_ is not None:
+            self.item, self.pass_ = self.pass_.finish(num_examples), None
+            if self.store is not None:
+                self.store.save(self.name, self.item)
+
+    def section(self, clean: dict, clean_correct: np.ndarray, corruptions: dict | None) -> dict:
+        """The metrics section, from the item and the records of the clean pass, the source
+        entry and the corruptions."""
+        if self.item is None:
+            raise self.error or ValueError("the metrics did not run")
+        if self.source_correct is None:
+            raise ValueError("the attack entry the metrics read has no outcome")
+        return metric_suite.with_recorded_figures(self.item.section, self.item.arrays.get("transfer_correct"), clean,
+                                                  self.source_section, self.source_correct, clean_correct, corruptions)

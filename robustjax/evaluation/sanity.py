@@ -32,7 +32,7 @@ from robustjax.attacks.score import ScoreAttack, looks_like_probabilities
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.distributed import to_host
-from robustjax.evaluation.parallel import DataParallel, predict
+from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan, SanityRun
 from robustjax.evaluation.progress import UNTRACKED, Step
 from robustjax.evaluation.timing import timed
@@ -378,19 +378,10 @@ def _largest_linf_eps(report: dict) -> float | None:
     return max(linf) if linf else None
 
 
-def correct_examples(classifier: Classifier, dataset: ImageDataset, plan: Plan,
-                     parallel: DataParallel) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``plan.sanity.num_examples`` examples the classifier gets right."""
-    images, labels, found = [], [], 0
-    for x, y, mask in parallel.batches(dataset, plan.num_examples):
-        keep = mask & (to_host(predict(classifier, x)) == to_host(y))
-        images.append(to_host(x)[keep])
-        labels.append(to_host(y)[keep])
-        found += int(keep.sum())
-        if found >= plan.sanity.num_examples:
-            break
-    wanted = plan.sanity.num_examples
-    return np.concatenate(images)[:wanted], np.concatenate(labels)[:wanted]
+def correct_examples(dataset: ImageDataset, plan: Plan, clean_correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``plan.sanity.num_examples`` examples the classifier gets right, by the clean
+    pass's record ``clean_correct`` (one flag per evaluated example)."""
+    return dataset.take(np.flatnonzero(clean_correct)[:plan.sanity.num_examples])
 
 
 def _on_mesh(parallel: DataParallel, *arrays: np.ndarray) -> list[jax.Array]:
@@ -483,14 +474,15 @@ def run_check(name: str, probe: Probe) -> dict:
 
 
 def sanity_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                   report: dict, step: Step = UNTRACKED) -> dict:
+                   report: dict, clean_correct: np.ndarray, step: Step = UNTRACKED) -> dict:
     """The sanity checks of ``report`` (its attack and metrics sections) and of the model on
-    ``dataset``; ``classifier`` is replicated on ``parallel``'s mesh, as in the runner.
+    ``dataset``; ``classifier`` is replicated on ``parallel``'s mesh, as in the runner, and
+    ``clean_correct`` is the clean pass's per-example correctness.
     ``step`` advances after the pass that finds the correctly classified examples and after
     each model check."""
     eps = plan.sanity.eps or _largest_linf_eps(report) or DEFAULT_EPS
     with timed() as timing:
-        x, y = correct_examples(classifier, dataset, plan, parallel)
+        x, y = correct_examples(dataset, plan, clean_correct)
         step.advance()
         probe = Probe(classifier, x, y, parallel, plan.sanity, eps,
                       jax.random.fold_in(jax.random.key(plan.seed), _STREAM))

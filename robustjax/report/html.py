@@ -219,11 +219,14 @@ def _corruptions(report: dict, gallery) -> str:
                                        f"Top-1 accuracy (%) per corruption and severity ({escape(section['preset'])} "
                                        "constants)."))
     if section.get("per_corruption"):
-        parts.append(_ce_table(section["per_corruption"], section.get("baseline")))
+        parts.append(_ce_table(section["per_corruption"], section.get("baseline_model") or section.get("baseline")))
     if section.get("mean_error") is not None:
         parts.append(f"<p>Mean error {percent(section['mean_error'])}; mCE {percent(section.get('mce'))}, relative mCE "
                      f"{percent(section.get('relative_mce'))} (CE: summed errors over the baseline's, Hendrycks &amp; "
                      f"Dietterich 2019; '-' without a baseline).</p>")
+    for key in ("mce_reason", "relative_mce_reason"):
+        if section.get(key):
+            parts.append(f"<p>{escape(section[key])}.</p>")
     parts += _failed_items(section)
     return "".join(parts)
 
