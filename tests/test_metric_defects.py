@@ -76,7 +76,7 @@ def test_ald_0_denominator_option():
 def test_ald_0_denominator_in_plans_and_report_settings():
     for raw, recorded in [({}, "nonzero"), ({"toolkit_compat": True}, "size"), ({"ald_l0_denominator": "size"}, "size")]:
         run = plan_from_dict({"metrics": raw}).metrics
-        settings = metric_suite._settings(run, {"dense": 4}, None, None, 10, 11, "cifar")
+        settings = metric_suite._settings(run, {"dense": 4}, None, None, 10, 11)
         assert settings["ALD_0"]["l0_denominator"] == recorded, raw
     with pytest.raises(ValueError, match="ald_l0_denominator must be one of"):
         plan_from_dict({"metrics": {"ald_l0_denominator": "chw"}})

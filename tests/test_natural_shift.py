@@ -241,7 +241,7 @@ def test_plan_table_is_validated():
                        ({"datasets": ["imagenet-a"], "image_size": 0}, "image_size")):
         with pytest.raises(ValueError, match=match):
             plan_from_dict({"natural_shift": raw})
-    with pytest.raises(ValueError, match=r"\[natural_shift\] does not apply to populations"):
+    with pytest.raises(ValueError, match=r"plan sections \[.natural_shift.\] run per network.*robustjax sweep run"):
         check_population_plan(plan)
 
 

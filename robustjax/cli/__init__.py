@@ -99,11 +99,16 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
 def _add_report(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser("report", help="print the tables of a report.json and how far its run got, and "
                                  "render its report.html")
-    report.add_argument("path", help="a report.json, the output folder of `robustjax evaluate`, or a sweep "
-                        "database (`robustjax sweep run --db`): its page of robustness against cost and rank "
+    report.add_argument("path", nargs="?", help="a report.json, the output folder of `robustjax evaluate`, or a "
+                        "sweep database (`robustjax sweep run --db`): its page of robustness against cost and rank "
                         "correlations")
     report.add_argument("--html", metavar="OUT", help="where to write the HTML page (default: report.html beside "
                         "the report; DB.html beside a sweep database DB.sqlite)")
+    report.add_argument("--db", metavar="DB", help="a sweep database, with --arch")
+    report.add_argument("--arch", metavar="ID", help="one network of the sweep (its arch_id, as `robustjax sweep "
+                        "export` lists them): its report.json and report.html, as robustjax evaluate writes them, "
+                        "from the sweep's records (a plan with [metrics], [natural_shift] or [sanity] enabled)")
+    report.add_argument("--out", metavar="DIR", help="with --arch: the folder to write to (default: DB-ID)")
     report.set_defaults(run=command("robustjax.cli.report", "cmd_report"))
 
 

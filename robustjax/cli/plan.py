@@ -42,7 +42,8 @@ def cmd_plan_check(args: argparse.Namespace, console: Console) -> int:
     for section in ("corruptions", "sequences", "system_noise", "metrics", "natural_shift"):
         if getattr(plan, section) is not None:
             parts.append(section.replace("_", " "))
-    parts.append("sanity checks" if plan.sanity.enabled else "no sanity checks")
+    parts.append({None: "sanity checks (not in sweeps)", True: "sanity checks", False: "no sanity checks"}[
+        plan.sanity.enabled])
     if plan.training is not None:
         parts.append(_training_summary(plan.training))
     console.print(f"{args.file}: a valid plan: {', '.join(parts)}", highlight=False, soft_wrap=True)

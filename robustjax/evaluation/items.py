@@ -10,6 +10,12 @@ item the example's sequence's flip rate and top-5 distance. Every figure (accura
 accuracy, attack success rate, worst case over attacks, WCAR, flip probability, top-5
 distance) is a mean over these outcomes, so it can be recomputed from them later.
 
+The sections a population's one program does not run ([metrics], [natural_shift], and
+[sanity] when enabled) form one more item, ``report``: each network, alone, is evaluated by
+``robustjax evaluate``'s runner with the whole plan; its figures are the report's metric
+values, natural-shift figures and check verdicts, and its record the network's evaluation
+items (``resume`` records), from which ``robustjax report --db`` renders its report.
+
 An item's ``key`` hashes what its outcome depends on: its settings, the plan's seed, batch
 size (attack keys are drawn per batch) and precision. Random keys are those of
 ``robustjax evaluate``: attack batch ``b`` gets ``fold_in(key(seed), b)``, corruption
@@ -36,14 +42,18 @@ from robustjax import noise
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset, from_arrays
 from robustjax.distributed import to_host
+from robustjax.evaluation import metric_suite, sanity
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import AttackRun, Plan
 from robustjax.noise import flip, sequences
 from robustjax.precision import with_precision
 
-UNSUPPORTED = ("metrics",)
 # Per-example outcomes that are values rather than correct-or-not (sequence items: rates).
 VALUE_KINDS = ("sequence",)
+# The kind of the item that runs, per network, the sections a population's one program does
+# not: the 23 metrics (each network's own neurons), natural shift (other datasets), the
+# sanity checks (they read the whole report).
+REPORT = "report"
 
 
 class PopulationTooLarge(ValueError):
@@ -55,7 +65,7 @@ class Item:
     """One unit of a plan. ``settings`` is JSON-ready and, with the plan's seed and batch
     size, determines the outcome; ``labels`` names each figure the item produces."""
 
-    kind: str  # "clean" | "attack" | "corruption" | "sequence" | "system_noise"
+    kind: str  # "clean" | "attack" | "corruption" | "sequence" | "system_noise" | "report"
     settings: dict = dataclasses.field(hash=False)
     labels: tuple[str, ...]
     run: Any = dataclasses.field(default=None, compare=False, repr=False)  # the AttackRun of an attack item
@@ -71,19 +81,58 @@ def outcome_dtype(kind: str) -> type:
     return np.float32 if kind in VALUE_KINDS else np.bool_
 
 
+def per_network_sections(plan: Plan) -> list[str]:
+    """The plan's sections that a sweep runs per network (the ``report`` item): ``metrics``
+    and ``natural_shift`` when present, ``sanity`` when ``enabled = true`` (unset, the
+    checks run in ``robustjax evaluate`` only: each network's cost several attacks)."""
+    present = [name for name in ("metrics", "natural_shift") if getattr(plan, name) is not None]
+    return present + (["sanity"] if plan.sanity.enabled is True else [])
+
+
+def report_plan(plan: Plan) -> Plan:
+    """What a ``report`` item evaluates each network with: the whole plan (its sections read
+    the attack and corruption items), the sanity checks only when asked for, no training."""
+    return dataclasses.replace(plan, training=None,
+                               sanity=dataclasses.replace(plan.sanity, enabled=plan.sanity.enabled is True))
+
+
 def check_population_plan(plan: Plan) -> None:
-    """Refuses, before any work, plan items that populations do not run yet."""
-    present = [name for name in UNSUPPORTED if getattr(plan, name) is not None]
-    if present:
-        raise ValueError(f"plan items {present} do not apply to populations yet (clean, [[attacks]], "
-                         "[corruptions], [sequences] and [system_noise] do): the 23-metric suite reads each "
-                         "network's own neurons (coverage, sensitivity, uncertainty), which a population "
-                         "computing at the supernet's shapes does not have; remove them, or evaluate networks "
-                         "one at a time with `robustjax evaluate`")
+    """Refuses, before any work, plan sections that ``evaluate_population`` does not run:
+    those a sweep runs per network (``robustjax sweep run --space`` runs them)."""
+    if present := per_network_sections(plan):
+        raise ValueError(f"plan sections {present} run per network, not in a population's one program: "
+                         "`robustjax sweep run --space SPACE` runs them (each network alone, as robustjax evaluate "
+                         "does); remove them here, or use a sweep")
+
+
+def report_labels(plan: Plan) -> tuple[str, ...]:
+    """The figures of a ``report`` item (:func:`report_figures`): ``metric NAME`` per
+    metric, ``shift NAME`` per natural-shift set, ``sanity NAME`` per check."""
+    labels = []
+    if plan.metrics is not None:
+        labels += [f"metric {info.name}" for info in metric_suite.CATALOGUE]
     if plan.natural_shift is not None:
-        raise ValueError("plan item [natural_shift] does not apply to populations yet (its released sets are other "
-                         "datasets than the one the population's items share); remove it, or evaluate networks one "
-                         "at a time with `robustjax evaluate`")
+        labels += [f"shift {name}" for name in (*plan.natural_shift.datasets, *plan.natural_shift.ood)]
+    if plan.sanity.enabled is True:
+        labels += [f"sanity {name}" for name in sanity.CHECKS]
+    return tuple(labels)
+
+
+def report_figures(report: dict) -> dict[str, float | None]:
+    """A ``report`` item's figures from a network's report: each metric's value; each
+    natural-shift set's accuracy (its mean accuracy for ImageNet-C and CIFAR-10-C, its AUROC
+    for an out-of-distribution set); each sanity check's verdict, 1 for a warning and 0 for
+    a pass. None where the report has no value."""
+    out: dict[str, float | None] = {}
+    if report.get("metrics") and report["metrics"].get("results"):
+        out |= {f"metric {entry['name']}": entry["value"] for entry in report["metrics"]["results"]}
+    if report.get("natural_shift") and report["natural_shift"].get("results") is not None:
+        measure = {"classification": "accuracy", "corruptions": "mean_accuracy", "ood": "auroc"}
+        out |= {f"shift {entry['name']}": entry[measure[entry["kind"]]] for entry in report["natural_shift"]["results"]}
+    if report.get("sanity") and report["sanity"].get("checks"):
+        out |= {f"sanity {check['name']}": {"warn": 1.0, "pass": 0.0}.get(check["verdict"])
+                for check in report["sanity"]["checks"]}
+    return out
 
 
 def attack_label(run: AttackRun, params: dict) -> str:
@@ -93,8 +142,8 @@ def attack_label(run: AttackRun, params: dict) -> str:
 
 def expand(plan: Plan) -> list[Item]:
     """The plan's items, in the order they run; figure labels are unique within the plan
-    (a repeated attack label gains its entry's position, ``"pgd eps=0.1 #3"``)."""
-    check_population_plan(plan)
+    (a repeated attack label gains its entry's position, ``"pgd eps=0.1 #3"``). The last,
+    when the plan has sections that run per network, is the ``report`` item."""
     items = [Item("clean", {}, ("clean",))]
     seen: set[str] = {"clean"}
     for position, run in enumerate(plan.runs):
@@ -121,6 +170,8 @@ def expand(plan: Plan) -> list[Item]:
         for variant in plan.system_noise.variants():
             settings = {"decoder": variant.decoder, "resize": variant.resize, "quality": plan.system_noise.quality}
             items.append(Item("system_noise", settings, (f"{variant.decoder}+{variant.resize}",)))
+    if per_network_sections(plan):
+        items.append(Item(REPORT, {"plan": report_plan(plan).as_dict()}, report_labels(plan)))
     return items
 
 
@@ -167,7 +218,6 @@ class ItemRunner:
     are made once per variant."""
 
     def __init__(self, dataset: ImageDataset, plan: Plan, parallel: DataParallel | None = None):
-        check_population_plan(plan)
         self.dataset, self.plan = dataset, plan
         self.parallel = parallel or DataParallel(plan.batch_size)
         with jax.set_mesh(self.parallel.mesh):

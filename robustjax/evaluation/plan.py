@@ -61,7 +61,7 @@ A plan file is TOML or JSON::
     checkpoint_every = 100    # steps between the checkpoints a killed training resumes from
 
     [sanity]                  # optional: checks against gradient masking (evaluation.sanity)
-    enabled = true            # default: every evaluation runs them
+    enabled = true            # unset: robustjax evaluate runs them, a sweep does not; true: both
     num_examples = 32         # correctly classified examples the model-based checks use
     # also: steps, restarts, eps, grid (see SanityRun)
 
@@ -213,10 +213,12 @@ class SanityRun:
     The model-based checks run on the first ``num_examples`` correctly classified
     examples: PGD (Linf) with ``steps`` steps, ``restarts`` random restarts at ``eps``, and
     the loss along the gradient sign at ``grid`` step sizes up to ``eps``. ``eps`` None: the
-    largest Linf epsilon of the plan's attacks, or 8/255 when it has none.
+    largest Linf epsilon of the plan's attacks, or 8/255 when it has none. ``enabled`` None
+    (unset): ``robustjax evaluate`` runs the checks and a sweep does not (they cost each
+    network several attacks); True runs them in both, False in neither.
     """
 
-    enabled: bool = True
+    enabled: bool | None = None
     num_examples: int = 32
     steps: int = 10
     restarts: int = 4
@@ -224,7 +226,7 @@ class SanityRun:
     grid: int = 8
 
     def __post_init__(self):
-        if not isinstance(self.enabled, bool):
+        if self.enabled is not None and not isinstance(self.enabled, bool):
             raise ValueError(f"plan: sanity.enabled must be true or false, got {self.enabled!r}")
         for key in ("num_examples", "steps", "restarts", "grid"):
             check_positive_int(getattr(self, key), f"plan: sanity.{key}")
@@ -330,6 +332,13 @@ class Plan:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"plan: seed must be an integer >= 0, got {self.seed!r}")
         check_choice(self.precision, PRECISIONS, "plan: precision")
+        if self.corruptions is not None and self.corruptions.baseline == REFERENCE_BASELINE and self.reference is None:
+            raise ValueError('plan: corruptions.baseline = "reference" needs a reference model: set metrics.reference')
+        if self.metrics is not None and _source_entry(self.runs, self.metrics.attack) is None:
+            # the metrics read an attack entry's examples: theirs becomes the last entry
+            attack = self.metrics.attack
+            object.__setattr__(self, "runs", (*self.runs, AttackRun(attack, (attack.eps,) if hasattr(attack, "eps")
+                                                                    else ())))
 
     @property
     def reference(self) -> str | None:
@@ -338,11 +347,8 @@ class Plan:
 
     def metrics_source(self) -> tuple[int, int]:
         """(position in ``runs``, epsilon index) of the attack entry whose adversarial
-        examples the metrics read (``plan_from_dict`` adds one when none matches)."""
-        found = _source_entry(self.runs, self.metrics.attack)
-        if found is None:
-            raise ValueError(f"plan: no [[attacks]] entry runs metrics.attack ({self.metrics.attack})")
-        return found
+        examples the metrics read (a plan whose attacks lack it gains it as its last entry)."""
+        return _source_entry(self.runs, self.metrics.attack)
 
     @property
     def num_attack_entries(self) -> int:
@@ -663,11 +669,6 @@ def plan_from_dict(raw: dict) -> Plan:
     sequences = _sequence_run(raw["sequences"]) if "sequences" in raw else None
     system_noise = _system_noise_run(raw["system_noise"]) if "system_noise" in raw else None
     metrics = _metrics_run(raw["metrics"]) if "metrics" in raw else None
-    if metrics is not None and _source_entry(runs, metrics.attack) is None:
-        runs = (*runs, AttackRun(metrics.attack, (metrics.attack.eps,) if hasattr(metrics.attack, "eps") else ()))
-    if corruptions is not None and corruptions.baseline == REFERENCE_BASELINE and (metrics is None
-                                                                                   or metrics.reference is None):
-        raise ValueError('plan: corruptions.baseline = "reference" needs a reference model: set metrics.reference')
     natural_shift = _natural_shift_run(raw["natural_shift"]) if "natural_shift" in raw else None
     training = _training_run(raw["training"]) if "training" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed", "precision") if key in raw}

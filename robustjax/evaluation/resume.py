@@ -203,18 +203,48 @@ class ItemStore:
 
     def snapshot(self) -> bytes:
         """Every finished item's file, in one ``.npz`` (what :class:`ReplicaStore` reads)."""
-        buffer = io.BytesIO()
-        np.savez(buffer, allow_pickle=False, **{name: np.frombuffer((self.folder / f"{name}.npz").read_bytes(),
-                                                                    np.uint8) for name in self.names()})
-        return buffer.getvalue()
+        return _snapshot({name: (self.folder / f"{name}.npz").read_bytes() for name in self.names()})
 
     def save(self, name: str, finished: Finished) -> None:
-        if SECTION_KEY in finished.arrays:
-            raise ValueError(f"item {name!r}: {SECTION_KEY!r} is reserved for the section, not an array name")
-        text = json.dumps(finished.section, allow_nan=False)
-        write_atomically(self.folder / f"{name}.npz",
-                          lambda f: np.savez(f, allow_pickle=False, **{SECTION_KEY: np.array(text)},
-                                                   **finished.arrays))
+        data = _item_bytes(finished)
+        write_atomically(self.folder / f"{name}.npz", lambda f: f.write(data))
+
+
+class MemoryStore:
+    """Finished items kept in memory (a sweep's ``report`` item collects a network's items
+    so), with :meth:`snapshot` in :class:`ReplicaStore`'s format."""
+
+    def __init__(self):
+        self._items: dict[str, Finished] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def load(self, name: str) -> Finished | None:
+        return self._items.get(name)
+
+    def save(self, name: str, finished: Finished) -> None:
+        self._items[name] = finished
+
+    def snapshot(self) -> bytes:
+        return _snapshot({name: _item_bytes(finished) for name, finished in self._items.items()})
+
+
+def _item_bytes(finished: Finished) -> bytes:
+    """One item as its ``.npz`` file holds it."""
+    if SECTION_KEY in finished.arrays:
+        raise ValueError(f"{SECTION_KEY!r} is reserved for the section, not an array name")
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **{SECTION_KEY: np.array(json.dumps(finished.section, allow_nan=False))},
+             **finished.arrays)
+    return buffer.getvalue()
+
+
+def _snapshot(files: dict[str, bytes]) -> bytes:
+    """Items' files (name -> bytes) in one ``.npz``."""
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **{name: np.frombuffer(data, np.uint8) for name, data in files.items()})
+    return buffer.getvalue()
 
 
 class ReplicaStore(ItemStore):

@@ -689,7 +689,7 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
             publish("metrics")(metrics.section(report["clean"], clean_correct, report["corruptions"]))
         except Exception as error:  # recorded in the report
             publish("metrics")(failed({"settings": plan.metrics.as_dict()}, error))
-    if plan.sanity.enabled:  # after the metrics: the black-box check reads their transfer accuracy
+    if plan.sanity.enabled is not False:  # after the metrics: the black-box check reads their transfer accuracy
         stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, (len(sanity.MODEL_CHECKS) + 1, "checks"),
                          lambda step: sanity.sanity_section(classifier, dataset, plan, parallel, report,
                                                             clean_correct, step=step))

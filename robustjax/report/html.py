@@ -45,7 +45,8 @@ def _planned(report: dict, part: str) -> bool:
     if part == "attacks":
         return bool(plan.get("attacks"))
     if part == "sanity":
-        return (plan.get("sanity") or {}).get("enabled", False)  # reports before schema 4 had no checks
+        # reports before schema 4 had no checks; unset (null) runs them in robustjax evaluate
+        return (plan.get("sanity") or {}).get("enabled", False) is not False
     return plan.get(part) is not None
 
 

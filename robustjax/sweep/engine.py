@@ -30,17 +30,21 @@ import numpy as np
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
 from robustjax.evaluation.items import (
+    REPORT,
     Item,
     ItemRunner,
     PopulationTooLarge,
     expand,
     figures,
     outcome_dtype,
+    report_figures,
+    report_plan,
 )
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
 from robustjax.evaluation.population import padded_size
-from robustjax.evaluation.runner import environment
+from robustjax.evaluation.resume import Finished, MemoryStore
+from robustjax.evaluation.runner import environment, evaluate
 from robustjax.nas.population import Population, choose_layout, exact_subnet, from_supernet
 from robustjax.nas.recalibrate import DEFAULT_IMAGES, calibration_subset
 from robustjax.sweep import trained
@@ -223,7 +227,52 @@ class Context:
             return
         setup = time.perf_counter() - started
         for key, ids in wanted.items():
-            yield self._item_rows(population, self.by_key[key], key, ids, worker, setup / len(wanted))
+            if self.by_key[key].kind == REPORT:  # each network alone, committed as it finishes
+                yield from ([self._report_row(key, arch_id, worker)] for arch_id in ids)
+            else:
+                yield self._item_rows(population, self.by_key[key], key, ids, worker, setup / len(wanted))
+
+    def alone(self, arch_id: str) -> Classifier:
+        """Network ``arch_id`` as a classifier of its own; a supernet's subnet at its own
+        shapes, so that the metrics count its own neurons (a masked subnet would count the
+        supernet's)."""
+        if self.sweep.space is not None:
+            return exact_subnet(self.supernet, arch_id, calibration=self.calibration).member(0)
+        return self.population([arch_id], 1).member(0)
+
+    @functools.cached_property
+    def reference(self) -> Classifier | None:
+        """The plan's reference model (``metrics.reference``), or None."""
+        return None if self.sweep.plan.reference is None else self.model(self.sweep.plan.reference)
+
+    @functools.cached_property
+    def profile(self) -> data.ImageDataset | None:
+        """The split the metrics profile their neuron bounds on; None without metrics, or when
+        the dataset lacks it (the bounded metrics are then skipped, as robustjax evaluate does)."""
+        metrics = self.sweep.plan.metrics
+        if metrics is None:
+            return None
+        try:
+            return data.load(self.sweep.dataset, metrics.profile_split, data_dir=self.sweep.data_dir)
+        except ValueError:
+            return None
+
+    def _report_row(self, key: str, arch_id: str, worker: str) -> dict:
+        """The ``report`` item of one network: ``robustjax evaluate``'s runner on the network
+        alone with the whole plan; the row's figures are the report's (``report_figures``),
+        its record every evaluation item and, as item ``report``, the report itself."""
+        started = time.perf_counter()
+        try:
+            network = self.alone(arch_id)
+            records = MemoryStore()
+            report = evaluate(network, self.dataset, report_plan(self.sweep.plan), profile=self.profile,
+                              reference=self.reference, store=records)
+            records.save(REPORT, Finished(report))
+        except Exception as error:  # recorded for this network; the sweep goes on
+            return self._failed(arch_id, key, error, worker, time.perf_counter() - started)
+        return {"arch_id": arch_id, "item_key": key, "status": "ok", "figures": report_figures(report),
+                "outcome": records.snapshot(), "examples": 0, "error": None,
+                "seconds": time.perf_counter() - started, "worker": worker}
 
     def _item_rows(self, population: Population, item: Item, key: str, ids: list[str], worker: str,
                    setup: float) -> list[dict]:

@@ -9,8 +9,11 @@ outcomes: ``clean``, each attack entry's robust accuracy, each corruption and sy
 variant's accuracy, and for every threat model (norm, epsilon) that two or more attacks
 share, the worst case over them (``worst linf eps=0.1``: an example counts as robust only
 if every attack failed on it); each ImageNet-P perturbation's flip probability and top-5
-distance are columns too, but not figures of the analysis, which takes accuracies. A
-figure whose item failed or has not run is empty.
+distance are columns too, but not figures of the analysis, which takes accuracies. The
+``report`` item (a plan's [metrics], [natural_shift], enabled [sanity]) adds its figures as
+they were recorded: ``metric NAME`` per metric and ``sanity NAME`` per check (1 for a
+warning) as columns, ``shift NAME`` per natural-shift set also as figures of the analysis.
+A figure whose item failed or has not run is empty.
 
 NB201 rows carry NAS-Bench-201's own ``index`` (and the ``canonical_index`` of the
 isomorphism class), so they join the published datasets by id (``join``).
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from robustjax.evaluation.items import VALUE_KINDS
+from robustjax.evaluation.items import REPORT, VALUE_KINDS
 from robustjax.nas.nb201 import EDGES
 from robustjax.sweep.analyze import Table
 from robustjax.sweep.store import Store
@@ -73,9 +76,12 @@ def table(store: Store) -> Table:
     by_key = {item["item_key"]: item for item in items}
     outcomes: dict[str, dict[str, np.ndarray]] = {}
     errors: dict[str, list[str]] = {}
+    reported: dict[str, dict[str, float | None]] = {}  # the report item's figures, as they are
     for row in store.results():
         item = by_key[row["item_key"]]
-        if row["status"] == "ok":
+        if row["status"] == "ok" and item["kind"] == REPORT:
+            reported[row["arch_id"]] = row["figures"]
+        elif row["status"] == "ok":
             outcomes.setdefault(row["arch_id"], {}).update(zip(item["labels"], row["outcome"]))
         else:
             errors.setdefault(row["arch_id"], []).append(f"{', '.join(item['labels'])}: {row['error']}")
@@ -83,11 +89,16 @@ def table(store: Store) -> Table:
     rows, dimensions = [], {}
     # Flip probabilities and top-5 distances are columns, but not accuracies to analyse.
     values = {label for item in items if item["kind"] in VALUE_KINDS for label in item["labels"]}
+    # The metrics and the checks are columns too; of the report item, the analysis takes the
+    # natural-shift accuracies (and AUROCs).
+    values |= {label for item in items if item["kind"] == REPORT for label in item["labels"]
+               if not label.startswith("shift ")}
     for arch_id, _, card in store.networks():
         mine = outcomes.get(arch_id, {})
         dims = config_columns(card)
         dimensions.update(dict.fromkeys(dims))
-        figures = {label: float(mine[label].mean()) if label in mine else None for label in labels}
+        figures = {label: float(mine[label].mean()) if label in mine else reported.get(arch_id, {}).get(label)
+                   for label in labels}
         rows.append({"arch_id": arch_id, **{k: card[k] for k in ("index", "canonical_index", "arch_string")
                                              if k in card},
                      **dims, "params": card.get("params"), "macs": card.get("macs"), "flops": card.get("flops"),

@@ -10,7 +10,8 @@ Tables:
 - ``results``: one row per (network, item, data), keyed by arch id, item hash and data
   hash, written in one transaction per item and population: ``ok`` with the figures and
   the per-example outcome (correctness bit-packed with ``numpy.packbits``; a sequence
-  item's per-example rates as float32), or ``failed`` with the error;
+  item's per-example rates as float32; a ``report`` item's record, the network's
+  evaluation items as ``evaluation.resume`` snapshots them), or ``failed`` with the error;
 - ``claims``: which worker holds which networks, until when (a lease). A claim whose lease
   has expired, or whose worker process on this host is gone, is free again.
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from robustjax.evaluation.items import outcome_dtype
+from robustjax.evaluation.items import REPORT, outcome_dtype
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -283,9 +284,15 @@ class Store:
                 for k, kind, s, labels in
                 self._db.execute("SELECT item_key, kind, settings, labels FROM items ORDER BY position")]
 
+    def record(self, arch_id: str, item_key: str) -> bytes | None:
+        """The stored outcome of one finished row (a ``report`` item's record), or None."""
+        row = self._db.execute("SELECT outcome FROM results WHERE arch_id = ? AND item_key = ? AND data_key = ? "
+                               "AND status = 'ok'", (arch_id, item_key, self.data_key)).fetchone()
+        return None if row is None else row[0]
+
     def results(self) -> Iterator[dict]:
         """Every result row of the current data, with its outcome unpacked ((figures, examples):
-        bool, or float32 for a sequence item)."""
+        bool, or float32 for a sequence item; None for a ``report`` item, see :meth:`record`)."""
         for arch_id, item_key, kind, status, figures, outcome, examples, error, seconds, worker in self._db.execute(
                 "SELECT r.arch_id, r.item_key, i.kind, r.status, r.figures, r.outcome, r.examples, r.error, "
                 "r.seconds, r.worker FROM results r JOIN items i USING (item_key) WHERE r.data_key = ?",
@@ -293,5 +300,5 @@ class Store:
             figures = json.loads(figures)
             yield {"arch_id": arch_id, "item_key": item_key, "status": status, "figures": figures, "error": error,
                    "seconds": seconds, "worker": worker,
-                   "outcome": None if outcome is None else unpack(outcome, len(figures), examples,
-                                                                  outcome_dtype(kind))}
+                   "outcome": None if outcome is None or kind == REPORT else unpack(
+                       outcome, len(figures), examples, outcome_dtype(kind))}
