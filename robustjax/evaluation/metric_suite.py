@@ -298,7 +298,7 @@ class MetricsPass:
     examples (:meth:`update`), then made into the metrics item (:meth:`finish`). ``step``
     advances per batch of the profiling pass."""
 
-    def __init__(self, run: MetricsRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel, *,
+    def __init__(self, run: MetricsRun, classifier: Classifier, plan: Plan, parallel, *,
                  profile: ImageDataset | None, reference: Classifier | None, step: Step = UNTRACKED):
         if reference is not None:
             if (tuple(reference.input_shape) != tuple(classifier.input_shape)

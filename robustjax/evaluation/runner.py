@@ -163,10 +163,20 @@ def attack_sections(
     examples the attack did not fool (correct under attack). ``step`` advances per batch;
     ``on_adversarial`` sees one epsilon's adversarial examples (:func:`_attack_batches`)."""
     columns: dict[str, list[np.ndarray]] = {}
+    consumed = Timing()  # what on_adversarial spends is not the attack's time
+
+    def consume(*args) -> None:
+        with timed() as spent:
+            on_adversarial[1](*args)
+        consumed.wall_s += spent.wall_s
+        consumed.compile_s += spent.compile_s
+
+    watched = None if on_adversarial is None else (on_adversarial[0], consume)
     with timed() as timing:
-        for mask, values in _attack_batches(run, classifier, dataset, plan, parallel, step, on_adversarial):
+        for mask, values in _attack_batches(run, classifier, dataset, plan, parallel, step, watched):
             for name, value in values.items():
                 columns.setdefault(name, []).append(to_host(value)[:, mask])
+    timing = Timing(timing.wall_s - consumed.wall_s, timing.compile_s - consumed.compile_s)
     columns = {name: np.concatenate(parts, axis=1) for name, parts in columns.items()}
     adversarial_correct = ~columns["success"]  # (epsilons, examples)
     # RobustART's counts: correct clean and under each epsilon's attack.
@@ -630,7 +640,7 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
     def failed(settings: dict, error: BaseException) -> dict:
         return {"status": "failed", **settings, "error": f"{type(error).__name__}: {error}"}
 
-    metrics = _MetricsOfEntry(plan, store, names, classifier, dataset, parallel, profile, reference, on_step)
+    metrics = _MetricsOfEntry(plan, store, names, classifier, parallel, profile, reference, on_step)
     finished = []  # (section, mask of the examples correct under the attack) of every attack that ran
     for position, run in enumerate(plan.runs):
         name, consumer = names[f"attack-{position}"], metrics.consumer(position)
@@ -707,8 +717,8 @@ class _MetricsOfEntry:
     its section completed from the other items' records at the end."""
 
     def __init__(self, plan: Plan, store: ItemStore | None, names: dict[str, str], classifier: Classifier,
-                 dataset: ImageDataset, parallel: DataParallel, profile: ImageDataset | None,
-                 reference: Classifier | None, on_step: OnStep):
+                 parallel: DataParallel, profile: ImageDataset | None, reference: Classifier | None,
+                 on_step: OnStep):
         self.plan, self.store, self.name = plan, store, names.get("metrics")
         self.item: Finished | None = None
         self.pass_: metric_suite.MetricsPass | None = None
@@ -723,8 +733,8 @@ class _MetricsOfEntry:
             return
         try:
             with progress.step(on_step, "metrics profiling", 0, "batches") as step:
-                self.pass_ = metric_suite.MetricsPass(plan.metrics, classifier, dataset, plan, parallel,
-                                                      profile=profile, reference=reference, step=step)
+                self.pass_ = metric_suite.MetricsPass(plan.metrics, classifier, plan, parallel, profile=profile,
+                                                      reference=reference, step=step)
         except Exception as error:  # recorded in the metrics section; the plan goes on
             self.error = error
 
