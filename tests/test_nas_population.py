@@ -124,8 +124,8 @@ def test_bad_populations_are_refused(calibration):
         from_supernet(supernet, [rj.nas.space("bignas_resnet_basic_digits").config(0)])
     with pytest.raises(ValueError, match="out of range"):
         from_supernet(supernet, [15625])
-    with pytest.raises(ValueError, match=r"plan items \['metrics'\] do not apply to populations yet .* "
-                       r"the 23-metric suite reads each network's own neurons"):
+    with pytest.raises(ValueError, match=r"plan sections \['metrics'\] run per network, not in a population's "
+                       r"one program: `robustjax sweep run --space SPACE` runs them"):
         evaluate_population(supernet, [0], dataset, dataclasses.replace(
             PLAN, metrics=plan_from_dict({"attacks": [], "metrics": {}}).metrics))
     space = dataclasses.replace(rj.nas.space("bignas_resnet_basic_digits"), resolutions=(6, 8), input_size=8)

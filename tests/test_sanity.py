@@ -202,9 +202,9 @@ def test_attacks_are_told_apart_by_their_access_to_the_model():
     assert kinds["pgd"] == kinds["apgd"] == kinds["fgsm"] == "white-box"
 
 
-def test_the_plan_table_validates_and_defaults_to_enabled():
-    plan = plan_from_dict({})
-    assert plan.sanity.enabled and plan.as_dict()["sanity"]["num_examples"] == SanityRun().num_examples
+def test_the_plan_table_validates_and_defaults_to_enabled_in_evaluate():
+    plan = plan_from_dict({})  # unset: robustjax evaluate runs the checks (a sweep does not)
+    assert plan.sanity.enabled is None and plan.as_dict()["sanity"]["num_examples"] == SanityRun().num_examples
     assert plan_from_dict({"sanity": {"enabled": False, "num_examples": 16}}).as_dict()["sanity"]["enabled"] is False
     with pytest.raises(ValueError, match="did you mean 'num_examples'"):
         plan_from_dict({"sanity": {"num_exampels": 16}})

@@ -24,13 +24,13 @@ def _plan():
     """The digits plan's sections (FGSM and PGD, the corruptions, the 23 metrics with
     digits_mlp as reference) on 32 examples, with fewer epsilons, PGD steps, corruptions and
     boundary probes, and the sanity checks on, on 8 examples: each NB201 cell compiles its
-    own programs (the metrics read its own neurons)."""
+    own programs (the metrics read its own neurons), and on the CPU a loop's steps unroll."""
     raw = {"batch_size": 16, "num_examples": 32, "seed": 0,
-           "attacks": [{"name": "fgsm", "eps": 0.1}, {"name": "pgd", "norm": "linf", "eps": [0.1, 0.2], "steps": 5}],
+           "attacks": [{"name": "fgsm", "eps": 0.1}, {"name": "pgd", "norm": "linf", "eps": [0.1, 0.2], "steps": 2}],
            "corruptions": {"names": ["brightness"], "severities": [3], "baseline": "reference"},
-           "metrics": {"attack": {"name": "pgd", "norm": "linf", "eps": 0.1, "steps": 5}, "reference": "digits_mlp",
-                       "rgb_sigma": 0.5, "ebd_directions": 8, "ebd2_step": 0.02, "ebd2_max_steps": 25},
-           "sanity": {"enabled": True, "num_examples": 8, "steps": 3, "restarts": 2, "grid": 2}}
+           "metrics": {"attack": {"name": "pgd", "norm": "linf", "eps": 0.1, "steps": 2}, "reference": "digits_mlp",
+                       "rgb_sigma": 0.5, "ebd_directions": 8, "ebd2_step": 0.05, "ebd2_max_steps": 10},
+           "sanity": {"enabled": True, "num_examples": 8, "steps": 2, "restarts": 2, "grid": 2}}
     digits = load_plan("digits")
     assert [run.attack.name for run in digits.runs] == ["fgsm", "pgd"] and digits.metrics.reference == "digits_mlp"
     return plan_from_dict(raw)

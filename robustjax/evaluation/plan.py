@@ -178,9 +178,9 @@ class MetricsRun:
     ``package.module:function``; also the original model of CAV, CRR, CSR, CCV and COS, and the
     baseline of mCE when ``[corruptions]`` names ``baseline = "reference"``. ``layers``: the
     layers whose neurons count (None: every layer the classifier exposes but its logits).
-    ``ebd_directions``: None takes min(1000, pixels). ``ald_l0_denominator``: ALD_0's ``"nonzero"`` (||x||_0, the definition) or ``"size"``
-    (C H W, the AISafety and DEEPSEC code); None follows ``toolkit_compat``
-    (``metrics.imperceptibility.lp_distortion``).
+    ``ebd_directions``: None takes min(1000, pixels). ``ald_l0_denominator``: ALD_0's
+    ``"nonzero"`` (||x||_0, the definition) or ``"size"`` (C H W, the AISafety and DEEPSEC
+    code); None follows ``toolkit_compat`` (``metrics.imperceptibility.lp_distortion``).
     """
 
     attack: Attack
