@@ -135,6 +135,12 @@ def report_figures(report: dict) -> dict[str, float | None]:
     return out
 
 
+def attack_settings(run: AttackRun) -> dict:
+    """The settings an attack entry's outcome depends on (besides the seed, batch size and
+    precision): the attack, its parameters, its epsilons and restarts."""
+    return {"attack": run.attack.name, "params": run.attack.params(), "eps": list(run.eps), "restarts": run.restarts}
+
+
 def attack_label(run: AttackRun, params: dict) -> str:
     """``"pgd eps=0.1"``: the attack and, when it has one, its epsilon."""
     return f"{run.attack.name} eps={params['eps']:g}" if "eps" in params else run.attack.name
@@ -152,9 +158,7 @@ def expand(plan: Plan) -> list[Item]:
             label = attack_label(run, params)
             labels.append(f"{label} #{position}" if label in seen else label)
             seen.add(labels[-1])
-        settings = {"attack": run.attack.name, "params": run.attack.params(), "eps": list(run.eps),
-                    "restarts": run.restarts}
-        items.append(Item("attack", settings, tuple(labels), run))
+        items.append(Item("attack", attack_settings(run), tuple(labels), run))
     if plan.corruptions is not None:
         for index, name in enumerate(plan.corruptions.names):
             for severity in plan.corruptions.severities:

@@ -388,15 +388,15 @@ def _set(entry: dict, value: float | None, reason: str | None = None, status: st
 
 
 def with_recorded_figures(section: dict, transfer_correct: np.ndarray | None, clean: dict,
-                          source: dict, adversarial_correct: np.ndarray, clean_correct: np.ndarray,
+                          source: dict, label: str, adversarial_correct: np.ndarray, clean_correct: np.ndarray,
                           corruptions: dict | None) -> dict:
     """The metrics ``section`` with the figures other items record: CA, the clean accuracy;
     AAW and ASR from ``adversarial_correct``, the per-example outcome of the attack entry
-    ``source`` (its report section) whose examples the streamed metrics read; AAB from
-    ``transfer_correct``; mCE and relative mCE, the ``corruptions`` section's."""
+    ``source`` (its report section, ``label`` its figure label) whose examples the streamed
+    metrics read; AAB from ``transfer_correct``; mCE and relative mCE, the ``corruptions``
+    section's."""
     section = {**section, "results": [dict(entry) for entry in section["results"]]}
     entries = {entry["name"]: entry for entry in section["results"]}
-    label = f"{source['name']} eps={source['params']['eps']:g}" if "eps" in source["params"] else source["name"]
     _set(entries["CA"], clean["accuracy"])
     aaw = float(adversarial_correct.mean())
     misclassified_robust = int((adversarial_correct & ~clean_correct).sum())

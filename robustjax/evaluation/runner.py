@@ -35,7 +35,7 @@ from robustjax.data.dataset import ImageDataset
 from robustjax.data.shift import ShiftSet
 from robustjax.distributed import to_host
 from robustjax.evaluation import metric_suite, natural_shift, progress, sanity
-from robustjax.evaluation.items import jpeg_bytes
+from robustjax.evaluation.items import attack_label, attack_settings, jpeg_bytes
 from robustjax.evaluation.parallel import DataParallel, predict
 from robustjax.evaluation.plan import (
     BASELINES,
@@ -509,11 +509,6 @@ def corruption_scope(plan: Plan) -> dict:
     return _scope(plan, plan.corruptions)
 
 
-def attack_settings(run: AttackRun) -> dict:
-    """The settings an attack entry's outcome depends on (with :func:`_common`)."""
-    return {"attack": run.attack.name, "params": run.attack.params(), "eps": list(run.eps), "restarts": run.restarts}
-
-
 def item_names(plan: Plan) -> dict[str, str]:
     """The stored name of each item of ``plan`` that is named by its own settings: ``clean``,
     ``attack-{position}``, ``system_noise``, ``metrics``, ``sanity`` (corruptions, sequences
@@ -766,5 +761,7 @@ class _MetricsOfEntry:
             raise self.error or ValueError("the metrics did not run")
         if self.source_correct is None:
             raise ValueError("the attack entry the metrics read has no outcome")
+        label = attack_label(self.plan.runs[self.position], self.source_section["params"])
         return metric_suite.with_recorded_figures(self.item.section, self.item.arrays.get("transfer_correct"), clean,
-                                                  self.source_section, self.source_correct, clean_correct, corruptions)
+                                                  self.source_section, label, self.source_correct, clean_correct,
+                                                  corruptions)
