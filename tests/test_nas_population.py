@@ -2,7 +2,6 @@
 evaluated alone, compile once per population size, and shard like one network."""
 
 import dataclasses
-import re
 
 import jax
 import jax.numpy as jnp
@@ -32,9 +31,9 @@ def calibration():
 @pytest.mark.parametrize("space_name", ["nb201_digits", "bignas_resnet_basic_digits"])
 def test_each_network_gets_the_results_it_gets_alone(space_name, calibration):
     supernet = rj.nas.models.embedded_supernet(space_name)
-    archs = supernet.space.sample(jax.random.key(0), 4)
+    archs = supernet.space.sample(jax.random.key(0), 5)
     dataset = rj.data.digits("test")
-    # Populations of 3: the second holds 1 network and two copies of it as padding.
+    # Populations of 3: the second holds 2 networks and a copy of the first of them as padding.
     results = evaluate_population(supernet, archs, dataset, PLAN, calibration=calibration, population_size=3)
     assert [r["arch_id"] for r in results] == [a.arch_id for a in archs]
     images = dataset.arrays(limit=16)[0]
@@ -58,8 +57,7 @@ def test_sequences_give_each_network_the_flip_rates_it_gets_alone(calibration):
     dataset = rj.data.digits("test")
     plan = plan_from_dict({"batch_size": 16, "num_examples": 12, "sanity": {"enabled": False}, "attacks": [],
                            "sequences": {"names": ["translate", "gaussian_noise"], "batch_size": 8}})
-    # Populations of 2: the second holds 1 network and a copy of it as padding.
-    results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=2)
+    results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=3)
     for arch, result in zip(archs, results):
         report = evaluate(supernet.subnet(arch, calibration=calibration), dataset, plan)
         assert result["sequences"] == [{key: r[key] for key in ("name", "flip_probability", "top5_distance")}
@@ -134,25 +132,38 @@ def test_bad_populations_are_refused(calibration):
         from_supernet(two, [space.smallest(), space.largest()])
 
 
-def test_a_population_too_large_for_memory_names_the_size_that_fits(calibration, monkeypatch):
+def test_a_population_too_large_for_memory_runs_in_parts_that_fit(calibration, monkeypatch):
+    """With half the memory the population of 8 needs, each item runs it in parts of the
+    largest size that fits, the last from the ladder, and every network gets the outcome of
+    the unconstrained run; when not even one network fits, the error says what to change."""
     supernet = rj.nas.models.embedded_supernet("nb201_digits")
-    archs = [supernet.space.config(i) for i in range(8)]
+    archs = [supernet.space.config(i) for i in (11472, 0, 9, 1200, 15624, 77, 5000, 321)]
     plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
     dataset = rj.data.digits("test")
     runner, fgsm = ItemRunner(dataset, plan), items.expand(plan)[1]
 
     def needed(networks: int) -> int:
         population = from_supernet(supernet, archs[:networks])
-        return runner.memory_needed(fgsm, runner.parallel.replicate(population.classifier), population.axes)
+        return runner.memory_needed(fgsm, population.classifier, population.axes)
 
+    unconstrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=8)
     free = needed(8) // 2
     monkeypatch.setattr(items, "free_memory_bytes", lambda: free)
-    with pytest.raises(items.PopulationTooLarge, match=r"population of 8 networks needs .* at most (\d+) networks "
-                       r"fit; pass population_size=\d+") as error:
-        evaluate_population(supernet, archs, dataset, plan, population_size=8)
-    fits = int(re.search(r"at most (\d+) networks fit", str(error.value)).group(1))
-    assert 1 <= fits < 8 and needed(fits) <= free < needed(fits + 1)
-    assert len(evaluate_population(supernet, archs, dataset, plan, population_size=fits)) == 8
+    sizes = []
+    original = ItemRunner._run
+    monkeypatch.setattr(ItemRunner, "_run", lambda self, item, clf, axes: sizes.append(
+        (item.kind, items._networks(clf.params, axes))) or original(self, item, clf, axes))
+    constrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=8)
+    parts = [size for kind, size in sizes if kind == "attack"]
+    assert 1 <= max(parts) < 8 and needed(max(parts)) <= free and sum(parts) >= 8
+    for alone, together in zip(unconstrained, constrained):
+        assert alone["arch_id"] == together["arch_id"]
+        for label, outcome in alone["per_example"].items():
+            np.testing.assert_array_equal(together["per_example"][label], outcome)
+    monkeypatch.setattr(items, "free_memory_bytes", lambda: needed(1) - 1)
+    with pytest.raises(items.PopulationTooLarge, match=r"one network needs about .* GiB for fgsm eps=0.1 at batch size 16, "
+                       r"and .* GiB are free: pass a smaller batch_size \(--batch-size\)"):
+        evaluate_population(supernet, archs[:2], dataset, plan, population_size=2)
 
 
 def test_score_based_attacks_and_streaming_metrics_give_each_network_its_own_result(calibration):

@@ -12,8 +12,10 @@ import pytest
 
 import robustjax as rj
 from robustjax.cli import main
+from robustjax.evaluation import items
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
+from robustjax.nas.population import from_supernet
 from robustjax.sweep import Store, Sweep, SweepMismatch, engine, export, open_store, run_local
 from robustjax.sweep.store import pack, unpack, worker_id
 
@@ -82,7 +84,7 @@ def test_claims_are_exclusive_and_free_again_when_the_worker_dies_or_the_lease_e
 @pytest.fixture(scope="module")
 def nb201_sweep(tmp_path_factory):
     sweep = Sweep(PLAN, space="nb201_digits", population_size=4, calibration_images=256)
-    archs = [11472, 0, 9, 1200, 15624]  # two populations: 4, then 1 padded to 4
+    archs = [11472, 0, 9, 1200, 15624, 77, 5000]  # two populations: 4, then 3 padded to 4 (items.rung)
     store, ids = open_store(sweep, str(tmp_path_factory.mktemp("sweep") / "s.sqlite"), archs)
     run_local(sweep, store, ids, worker=worker_id())
     return sweep, store, archs
@@ -124,6 +126,35 @@ def test_a_finished_sweep_reruns_nothing(nb201_sweep):
     assert calls == [] and store.status()["rows"] == before
 
 
+def test_a_population_forced_to_shrink_mid_way_gives_the_rows_of_an_unconstrained_run(
+        nb201_sweep, tmp_path, monkeypatch):
+    """With the memory of 2 networks' FGSM program free, a sweep runs the clean pass on its
+    populations of 4 whole and FGSM in parts of 2 or fewer: its rows are the unconstrained
+    sweep's, example for example."""
+    _, unconstrained, archs = nb201_sweep
+    plan = plan_from_dict({"batch_size": 16, "num_examples": 24, "attacks": [{"name": "fgsm", "eps": 0.1}]})
+    sweep = Sweep(plan, space="nb201_digits", population_size=4, calibration_images=256)
+    context = engine.context(sweep)
+    fgsm = context.items[1]
+    two = from_supernet(context.supernet, archs[:2], calibration=context.calibration)
+    free = context.runner.memory_needed(fgsm, two.classifier, two.axes)
+    monkeypatch.setattr(items, "free_memory_bytes", lambda: free)
+    sizes = []
+    original = context.runner._run
+    monkeypatch.setattr(context.runner, "_run", lambda item, clf, axes: sizes.append(
+        (item.kind, items._networks(clf.params, axes))) or original(item, clf, axes))
+    store, ids = open_store(sweep, str(tmp_path / "s.sqlite"), archs)
+    run_local(sweep, store, ids, worker=worker_id())
+    # each population of 4 (the second: 3 networks and a copy) in two parts of 2
+    assert [size for kind, size in sizes if kind == "attack"] == [2, 2, 2, 2]
+    assert [size for kind, size in sizes if kind == "clean"] == [4, 4]
+    expected = {(r["arch_id"], r["item_key"]): r for r in unconstrained.results()}
+    rows = list(store.results())
+    assert len(rows) == 2 * len(archs)
+    for row in rows:
+        np.testing.assert_array_equal(row["outcome"], expected[(row["arch_id"], row["item_key"])]["outcome"])
+
+
 def test_an_item_that_fails_on_one_network_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
     sweep = Sweep(plan, models=("digits_cnn", "digits_mlp"))
@@ -162,6 +193,8 @@ def test_cli_export_formats_join_status_and_analysis(nb201_sweep, tmp_path, caps
     published = tmp_path / "published.csv"
     published.write_text("index,test_accuracy\n11472,93.76\n0,10.0\n")
     assert main(["sweep", "export", "--db", db, "--out", str(tmp_path / "r.csv"), "--join", str(published)]) == 0
+    assert f"joined 2 of {len(archs)} networks with {published} on index ({len(archs) - 2} without a match)" in \
+        capsys.readouterr().out.replace("\n", "")  # the console wraps long lines
     import csv
 
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))

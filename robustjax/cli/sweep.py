@@ -148,7 +148,9 @@ def cmd_sweep_status(args: argparse.Namespace, console: Console) -> int:
 def cmd_sweep_export(args: argparse.Namespace, console: Console) -> int:
     rows = export.table(_existing(args.db)).rows
     if args.join:
-        rows = export.join(rows, args.join, on=args.join_on)
+        rows, matched = export.join(rows, args.join, on=args.join_on)
+        console.print(f"joined {matched} of {len(rows)} networks with {args.join} on {args.join_on} "
+                      f"({len(rows) - matched} without a match)", highlight=False)
     export.write(rows, args.out, args.format)
     console.print(f"{len(rows)} networks written to {args.out}", highlight=False)
     return 0

@@ -57,7 +57,7 @@ REPORT = "report"
 
 
 class PopulationTooLarge(ValueError):
-    """A population's program needs more memory than the device has free."""
+    """Not even the smallest population an item can run fits in a device's free memory."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,21 +229,32 @@ class ItemRunner:
             self.seed_key = jax.random.key(plan.seed)
         self._variant_batches: dict[tuple, list] = {}
         self._sequence_batches: dict[int, list] = {}
-        self._fits: set[tuple] = set()
+        self._sizes: dict[tuple, int] = {}  # (program, networks) -> networks per run
 
     def run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
         """(networks, figures, examples): per network, correct under ``item`` (bool), or for
         a sequence item each example's flip rate and top-5 distance (float32).
 
-        Runs under the runner's own mesh, whatever mesh the caller has set.
+        A population whose program would not fit in a device's free memory runs in parts of
+        the largest size that fits (:meth:`fitting_size`), the last part from the ladder of
+        :func:`rung`; each network's outcome is the one it gets in any population. Runs under
+        the runner's own mesh, whatever mesh the caller has set.
         """
         with jax.set_mesh(self.parallel.mesh):
-            return self._run(item, classifier, axes)
+            classifier = with_precision(classifier, self.plan.precision)
+            networks = _networks(classifier.params, axes)
+            size = self.fitting_size(item, classifier, axes)
+            parts = []
+            for start in range(0, networks, size):
+                count = min(size, networks - start)
+                members = np.arange(start, start + rung(count, size, self.parallel.network_shards))
+                part = classifier if count == networks else classifier.replace(
+                    params=_select(classifier.params, axes, np.minimum(members, start + count - 1)))
+                parts.append(self._run(item, part, axes)[:count])
+            return np.concatenate(parts)
 
     def _run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
-        classifier = with_precision(classifier, self.plan.precision)
         classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
-        self.check_fits(item, classifier, axes)
         if item.kind == "attack":
             correct = self._correct(classifier, axes, self.batches)
             success = np.concatenate([
@@ -268,6 +279,7 @@ class ItemRunner:
     def memory_needed(self, item: Item, classifier: Classifier, axes: Any) -> int:
         """Bytes the item's program over this population needs on one device (XLA's
         memory analysis of the compiled program, which the run reuses)."""
+        classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
         x, y, _ = self.batches[0]
         if item.kind == "attack":
             lowered = _attack_success.lower(item.run, axes, classifier, x, y, self.seed_key)
@@ -279,25 +291,45 @@ class ItemRunner:
         stats = lowered.compile().memory_analysis()
         return stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
 
-    def check_fits(self, item: Item, classifier: Classifier, axes: Any) -> None:
-        """Raises :class:`PopulationTooLarge`, with the population size that fits, when the
-        item's program needs more memory than a device has free."""
+    def fitting_size(self, item: Item, classifier: Classifier, axes: Any) -> int:
+        """The most networks of this population that ``item``'s program runs at once within
+        a device's free memory (all of them when they fit), from XLA's memory analysis of
+        the compiled programs, which the run reuses; a multiple of the network shards.
+        Raises :class:`PopulationTooLarge` when not even one network per shard fits."""
         networks = _networks(classifier.params, axes)
         # Attack and sequence items have programs of their own; the other items share one.
-        program = item.labels if item.kind in ("attack", "sequence") else "predict"
-        if (program, networks) in self._fits:
-            return
-        needed, free = self.memory_needed(item, classifier, axes), free_memory_bytes()
-        if needed > free:
-            one = self.memory_needed(item, classifier.replace(params=_first(classifier.params, axes)), axes)
-            per_network = max(1, (needed - one) // max(1, networks - 1))
-            fits = max(0, (free - (one - per_network)) // per_network)
+        program = (item.labels if item.kind in ("attack", "sequence") else "predict", networks)
+        if program not in self._sizes:
+            free, whole = free_memory_bytes(), self.memory_needed(item, classifier, axes)
+            self._sizes[program] = networks if whole <= free else self._largest_fitting(
+                item, classifier, axes, whole, free)
+        return self._sizes[program]
+
+    def _largest_fitting(self, item: Item, classifier: Classifier, axes: Any, whole: int, free: int) -> int:
+        """The size that fits ``free`` bytes: estimated from the memory of the whole
+        population (``whole`` bytes) and of the smallest one, linear in between, then
+        halved while it does not fit, or grown while the next size fits (memory is nearly,
+        not exactly, linear in the networks)."""
+        networks, unit = _networks(classifier.params, axes), self.parallel.network_shards
+
+        def needed(size: int) -> int:
+            return self.memory_needed(item, classifier.replace(params=_select(classifier.params, axes,
+                                                                             np.arange(size))), axes)
+
+        least = whole if unit == networks else needed(unit)
+        if least > free:
+            networks_named = "one network needs" if unit == 1 else f"{unit} networks (one per network shard) need"
             raise PopulationTooLarge(
-                f"a population of {networks} networks needs about {needed / 2**30:.2f} GiB for {item.labels[0]} "
-                f"({per_network / 2**20:.1f} MiB per network at batch size {self.parallel.batch_size}), and "
-                f"{free / 2**30:.2f} GiB are free: at most {fits} networks fit; pass population_size={fits} "
-                f"(--population-size {fits}) or a smaller batch_size")
-        self._fits.add((program, networks))
+                f"{networks_named} about {least / 2**30:.2f} GiB for {item.labels[0]} at batch size "
+                f"{self.parallel.batch_size}, and {free / 2**30:.2f} GiB are free: pass a smaller batch_size "
+                f"(--batch-size){'' if unit == 1 else ' or fewer --network-shards'}")
+        per_network = max(1, (whole - least) // (networks - unit))
+        size = min(networks - unit, unit + (free - least) // per_network // unit * unit)
+        while size > unit and needed(size) > free:
+            size = max(unit, size // 2 // unit * unit)
+        while size + unit < networks and needed(size + unit) <= free:
+            size += unit
+        return size
 
     @staticmethod
     def _correct(classifier: Classifier, axes: Any, batches: list) -> np.ndarray:
@@ -361,11 +393,25 @@ def _networks(params: Any, axes: Any) -> int:
     return 1 if axes is None else jax.tree.leaves(params)[0].shape[0]
 
 
-def _first(params: Any, axes: Any) -> Any:
-    """The population of its first network alone (the network axis kept, length 1)."""
+def _select(params: Any, axes: Any, members: Any) -> Any:
+    """The population of networks ``members`` (indices, in order; the network axis kept)."""
     if isinstance(axes, tuple):
-        return tuple(_first(p, a) for p, a in zip(params, axes))
-    return params if axes is None else jax.tree.map(lambda leaf: leaf[:1], params)
+        return tuple(_select(p, a, members) for p, a in zip(params, axes))
+    return params if axes is None else jax.tree.map(lambda leaf: leaf[np.asarray(members)], params)
+
+
+def padded_size(networks: int, network_shards: int) -> int:
+    """``networks`` rounded up to a multiple of ``network_shards``."""
+    return -(-networks // network_shards) * network_shards
+
+
+def rung(networks: int, size: int, network_shards: int = 1) -> int:
+    """The population that runs the last ``networks`` of a sweep in populations of
+    ``size``: the smallest of ``size``, ``size/2``, ``size/4`` and ``size/8`` (each a multiple
+    of ``network_shards``) that holds them. A short ladder: at most four programs per item,
+    and a last population padded by less than its own size (or by at most ``size/8``)."""
+    ladder = [padded_size(max(1, size >> halving), network_shards) for halving in range(4)]
+    return min(r for r in ladder if r >= networks) if networks <= size else padded_size(networks, network_shards)
 
 
 def jpeg_bytes(image: np.ndarray, quality: int) -> bytes:

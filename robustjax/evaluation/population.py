@@ -3,8 +3,9 @@ population size, whatever the networks.
 
 ``evaluate_population(supernet, archs, dataset, plan)`` groups the networks by the
 resolution they compute at, cuts each group into populations of ``population_size`` (or
-fewer, when the group is smaller; the last one padded with copies of its first network,
-which are dropped from the results), recalibrates each subnet's batch norm in one vmapped
+fewer, when the group is smaller; the last one sized from a short ladder, ``items.rung``,
+and padded with copies of its first network, which are dropped from the results); an item
+whose population would not fit in memory runs it in parts that fit. It recalibrates each subnet's batch norm in one vmapped
 pass, and runs the plan's items (``evaluation.items``: the clean pass, attacks, corruptions,
 ImageNet-P sequences and system noise) over every population with ``jax.vmap``: each network
 gets exactly the results it would get evaluated alone with the same keys. Batches of
@@ -23,7 +24,14 @@ from typing import Any
 import numpy as np
 
 from robustjax.data.dataset import ImageDataset
-from robustjax.evaluation.items import ItemRunner, check_population_plan, expand, figures
+from robustjax.evaluation.items import (
+    ItemRunner,
+    check_population_plan,
+    expand,
+    figures,
+    padded_size,
+    rung,
+)
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
 from robustjax.nas.population import (
@@ -69,11 +77,6 @@ def evaluate_population_batch(population: Population, dataset: ImageDataset, pla
     return results
 
 
-def padded_size(networks: int, network_shards: int) -> int:
-    """``networks`` rounded up to a multiple of ``network_shards``."""
-    return -(-networks // network_shards) * network_shards
-
-
 def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: ImageDataset, plan: Plan, *,
                         calibration: np.ndarray | ImageDataset | None = None, population_size: int = 64,
                         network_shards: int = 1, layout: str = "auto",
@@ -88,9 +91,9 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     ``network_shards``). ``layout`` (``nas.population.choose_layout``) runs a resolution
     bucket's subnets masked over the supernet's shapes in one program, or each at its own
     shapes; ``"auto"`` takes exact shapes for a bucket of one. ``on_population`` receives
-    each population's results as they are done. A population that would not fit in a
-    device's free memory is refused before it runs, naming the size that fits
-    (``evaluation.items.PopulationTooLarge``).
+    each population's results as they are done. An item whose population would not fit in a
+    device's free memory runs it in parts of the largest size that fits; only one that not
+    even a single network fits is refused, before it runs (``items.PopulationTooLarge``).
     """
     check_population_plan(plan)
     if not isinstance(population_size, int) or population_size < 1:
@@ -112,8 +115,8 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
 def _populations(supernet: Supernet, configs: list, calibration: np.ndarray | None, population_size: int,
                  network_shards: int, layout: str) -> Iterator[tuple[Population, int]]:
     """The populations of one resolution bucket, each with how many of its networks are real
-    (the last masked one is padded with copies of its first network: same shapes, no new
-    compile; a bucket smaller than a population is not padded beyond its own size)."""
+    (the last masked one is padded with copies of its first network to the size
+    ``items.rung`` gives: one of four sizes per item, so few programs)."""
     # One network per program cannot split over network shards: a lone network is masked then.
     if choose_layout(layout, len(configs)) == "exact" and network_shards == 1:
         for config in configs:
@@ -122,4 +125,5 @@ def _populations(supernet: Supernet, configs: list, calibration: np.ndarray | No
     size = padded_size(min(population_size, len(configs)), network_shards)
     for start in range(0, len(configs), size):
         chunk = configs[start:start + size]
-        yield from_supernet(supernet, chunk + [chunk[0]] * (size - len(chunk)), calibration=calibration), len(chunk)
+        padded = rung(len(chunk), size, network_shards)
+        yield from_supernet(supernet, chunk + [chunk[0]] * (padded - len(chunk)), calibration=calibration), len(chunk)

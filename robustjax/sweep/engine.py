@@ -39,10 +39,10 @@ from robustjax.evaluation.items import (
     outcome_dtype,
     report_figures,
     report_plan,
+    rung,
 )
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
-from robustjax.evaluation.population import padded_size
 from robustjax.evaluation.resume import Finished, MemoryStore
 from robustjax.evaluation.runner import environment, evaluate
 from robustjax.nas.population import Population, choose_layout, exact_subnet, from_supernet
@@ -193,20 +193,22 @@ class Context:
         return [(c.arch_id, str(nas.build.resolution(space, c)), nas.models.network_card(space, c)) for c in configs]
 
     def population(self, arch_ids: Sequence[str], pad_to: int) -> Population:
-        """The networks ``arch_ids`` as one population, padded with copies of the first
-        network to ``pad_to`` so that every chunk of a bucket shares one program; a lone
-        network (``pad_to`` 1) runs at its own shapes (``nas.population.choose_layout``).
-        Trained networks of one architecture stack likewise, read from their folders."""
+        """The networks ``arch_ids`` as one population of their bucket's population size
+        ``pad_to``, padded with copies of the first network (a bucket's last, smaller chunk
+        to the size ``items.rung`` gives), so that the chunks of a bucket share few
+        programs; a lone network (``pad_to`` 1) runs at its own shapes
+        (``nas.population.choose_layout``). Trained networks of one architecture stack
+        likewise, read from their folders."""
+        size = rung(len(arch_ids), pad_to, self.sweep.network_shards)
         if self.sweep.training:
             networks = [trained.load(self.trained_networks[a], self.folder(a)) for a in arch_ids]
-            return Population.stack(networks + networks[:1] * (pad_to - len(networks)))
+            return Population.stack(networks + networks[:1] * (size - len(networks)))
         if self.sweep.space is None:
             (spec,) = arch_ids
             return Population.stack([self.model(spec)])
         if self.sweep.network_shards == 1 and choose_layout("auto", pad_to) == "exact":
             return exact_subnet(self.supernet, arch_ids[0], calibration=self.calibration)
-        pad_to = padded_size(pad_to, self.sweep.network_shards)
-        archs = list(arch_ids) + [arch_ids[0]] * (pad_to - len(arch_ids))
+        archs = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
         return from_supernet(self.supernet, archs, calibration=self.calibration)
 
     def evaluate(self, arch_ids: Sequence[str], missing: dict[str, list[str]], *, pad_to: int, worker: str,
@@ -279,7 +281,7 @@ class Context:
         started = time.perf_counter()
         try:
             outcome = self.runner.run(item, population.classifier, population.axes)
-        except PopulationTooLarge:  # the sweep's settings are wrong for every network: stop, saying why
+        except PopulationTooLarge:  # not one network fits: the sweep's settings are wrong for all, stop
             raise
         except Exception:  # find the networks it fails on, one at a time
             return [self._alone(item, key, arch_id, worker) for arch_id in ids]

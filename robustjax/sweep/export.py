@@ -108,18 +108,63 @@ def table(store: Store) -> Table:
     return Table(rows=rows, dimensions=tuple(dimensions), figures=tuple(figure_names))
 
 
-def join(rows: list[dict], path: str | Path, on: str = "index", prefix: str = "published_") -> list[dict]:
+def join(rows: list[dict], path: str | Path, on: str = "index", prefix: str = "published_") -> tuple[list[dict], int]:
     """``rows`` with the columns of a published table (CSV or JSON lines, e.g. NAS-Bench-201's
-    or NAS-RobBench-201's per-architecture figures) whose ``on`` column matches, prefixed."""
+    or NAS-RobBench-201's per-architecture figures) whose ``on`` column matches, prefixed;
+    and how many rows matched. Keys match by value (``42``, ``42.0`` and ``"42"`` are one
+    key); a CSV's columns of numbers become numbers. Refuses a file without the column, a
+    key that two of its rows share, and a join where nothing matches."""
     path = Path(path)
     with path.open() as file:
         theirs = [json.loads(line) for line in file if line.strip()] if path.suffix == ".jsonl" \
-            else list(csv.DictReader(file))
+            else _typed(list(csv.DictReader(file)))
     if theirs and on not in theirs[0]:
         raise ValueError(f"{path} has no {on!r} column to join on (its columns: {sorted(theirs[0])})")
-    by_key = {str(row[on]): row for row in theirs}
-    return [{**row, **{f"{prefix}{k}": v for k, v in by_key.get(str(row.get(on)), {}).items() if k != on}}
-            for row in rows]
+    if rows and on not in rows[0]:
+        raise ValueError(f"the sweep's rows have no {on!r} column to join on (networks of a NAS space have index; "
+                         f"pass --join-on with one of {sorted(rows[0])[:12]}...)")
+    by_key: dict[str | None, dict] = {}
+    for row in theirs:
+        key = _key(row[on])
+        if key in by_key:
+            raise ValueError(f"{path}: two rows have {on} = {row[on]!r}; keep one row per network (e.g. one dataset "
+                             "and seed) before joining")
+        by_key[key] = row
+    joined = [{**row, **{f"{prefix}{k}": v for k, v in by_key.get(_key(row.get(on)), {}).items() if k != on}}
+              for row in rows]
+    matched = sum(_key(row.get(on)) in by_key for row in rows)
+    if rows and not matched:
+        raise ValueError(f"no network matched a row of {path} on {on!r}: the sweep's values look like "
+                         f"{[row.get(on) for row in rows[:3]]}, the file's like {[row[on] for row in theirs[:3]]}")
+    return joined, matched
+
+
+def _key(value: object) -> str | None:
+    """A join key by value: numbers as their shortest text (``42.0`` is ``"42"``), text stripped."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return str(int(number)) if number.is_integer() else repr(number)
+
+
+def _typed(rows: list[dict[str, str]]) -> list[dict]:
+    """CSV rows with each column whose every non-empty cell is a number as numbers (ints
+    when all are whole), empty cells as None, other columns as text."""
+    columns = {column: [row[column] for row in rows] for column in (rows[0] if rows else {})}
+    for column, cells in columns.items():
+        try:
+            numbers = [None if cell in ("", None) else float(cell) for cell in cells]
+        except ValueError:
+            continue
+        whole = all(n is None or (n.is_integer() and "." not in cell and "e" not in cell.lower())
+                    for n, cell in zip(numbers, cells))
+        for row, number in zip(rows, numbers):
+            row[column] = None if number is None else int(number) if whole else number
+    return rows
 
 
 def write(rows: list[dict], path: str | Path, fmt: str) -> Path:
