@@ -6,6 +6,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
 from robustjax.nas.population import from_supernet
 from robustjax.sweep import Store, Sweep, SweepMismatch, engine, export, open_store, run_local
+from robustjax.sweep import store as store_module
 from robustjax.sweep.store import pack, unpack, worker_id
 
 PLAN = plan_from_dict({"batch_size": 16, "num_examples": 24, "attacks": [
@@ -79,6 +81,29 @@ def test_claims_are_exclusive_and_free_again_when_the_worker_dies_or_the_lease_e
     store.release(alive, ids)
     assert store.done() == {"n1"}
     assert store.claim(alive, ids, 60, lambda a: 6)[:2] == ["n0", "n2"]
+
+
+def test_status_counts_a_populations_networks_once_and_not_the_claims_of_dead_workers(tmp_path, monkeypatch):
+    store = _store(tmp_path)
+    store.set_items([("clean", "clean", {}, ("clean",))])
+    store.add_networks([(f"n{i}", "b0", {}) for i in range(16)])
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(time=lambda: clock["now"]))
+    for moment, population in ((1000.0, range(0, 4)), (1100.0, range(4, 8)), (1200.0, range(8, 12))):
+        clock["now"] = moment
+        store.commit([{"arch_id": f"n{i}", "item_key": "clean", "status": "ok", "figures": {"clean": 1.0},
+                       "outcome": pack(np.ones((1, 3), bool)), "examples": 3, "seconds": 25.0, "worker": "w"}
+                      for i in population])
+    clock["now"] = 1300.0
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    alive = worker_id()
+    gone = f"{alive.split(':')[0]}:{dead.stdout.strip()}:x"
+    ids = [f"n{i}" for i in range(16)]
+    assert store.claim(alive, ids, 600, lambda a: 2) == ["n12", "n13"]
+    assert store.claim(gone, ids, 600, lambda a: 2) == ["n14", "n15"]  # a worker whose process has ended
+    status = store.status()
+    assert status["networks_per_hour"] == pytest.approx(8 / 200 * 3600)  # 8 networks in the 200 s after the first 4
+    assert status["claimed"] == {alive: 2} and status["done"] == 12
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +239,14 @@ def test_cli_refuses_another_plan_on_the_same_database(nb201_sweep, capsys):
     _, store, _ = nb201_sweep
     code = main(["sweep", "run", "--db", str(store.path), "--ids", "0", "--plan", "whitebox", "--quiet"])
     assert code == 2 and "holds another sweep" in capsys.readouterr().err
+
+
+def test_cli_refuses_all_of_a_space_too_large_for_one_database_before_any_work(tmp_path, capsys):
+    code = main(["sweep", "run", "--db", str(tmp_path / "s.sqlite"), "--space", "bignas_resnet_basic", "--all",
+                 "--quiet"])
+    assert code == 2 and "a sweep of 133,705,728,000 networks is more than one database holds" in \
+        capsys.readouterr().err.replace("\n", "")
+    assert not (tmp_path / "s.sqlite").exists()
 
 
 def test_cli_fails_fast_on_an_unreachable_ray_address(tmp_path, capsys):

@@ -59,7 +59,7 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
     if args.ids:
         archs = parse_ids(args.ids)
     elif args.all:
-        archs = list(range(len(space)))
+        archs = range(len(space))  # never listed whole: open_store refuses a space too large for one database
     else:
         archs = space.sample(jax.random.key(args.seed), DEFAULT_N if args.n is None else args.n)
     return Sweep(space=space.name, supernet=args.supernet, **common), archs

@@ -54,6 +54,8 @@ from robustjax.training.dataset import training_dataset
 
 # Rough size of a result row beyond its packed outcome: keys, figures, timing.
 ROW_OVERHEAD_BYTES = 512
+# The most networks one sweep database holds: each has a row per item and a card.
+MAX_NETWORKS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,7 +319,11 @@ def context(sweep: Sweep) -> Context:
 
 def open_store(sweep: Sweep, path: str, archs: Sequence[Any]) -> tuple[Store, list[str]]:
     """The sweep's store at ``path`` (made, or checked to hold this sweep), with the networks
-    ``archs`` added; returns it and the arch ids of ``archs``, in order."""
+    ``archs`` added; returns it and the arch ids of ``archs``, in order. ``archs`` may be a
+    ``range``: its length is checked before any network is built."""
+    if len(archs) > MAX_NETWORKS:
+        raise ValueError(f"a sweep of {len(archs):,} networks is more than one database holds ({MAX_NETWORKS:,}): "
+                         "sample some with --n N, or split the ids over several databases with --ids")
     ctx = context(sweep)
     networks = ctx.networks(archs)
     row_bytes = ROW_OVERHEAD_BYTES + sum(len(pack(np.zeros((len(i.labels), ctx.num_examples), outcome_dtype(i.kind))))

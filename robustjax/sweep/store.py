@@ -58,6 +58,18 @@ class SweepMismatch(ValueError):
     """The database holds another sweep."""
 
 
+def _rate(finished: list[float]) -> float | None:
+    """Networks per hour from the times networks finished: the networks finished after the
+    first moment one did, over the time since that moment (a population's networks finish
+    together, so counting the first ones would credit the first interval with work done
+    before it); None before a second moment."""
+    if not finished:
+        return None
+    first = min(finished)
+    later = [t for t in finished if t > first]
+    return len(later) / (max(later) - first) * 3600 if later else None
+
+
 def worker_id() -> str:
     """``host:pid:nonce``: unique per process, and tells a claim's process on this host."""
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
@@ -238,7 +250,8 @@ class Store:
 
     def commit(self, rows: Iterable[dict]) -> int:
         """Inserts result rows (one transaction); a row that exists already is left as it is.
-        Returns how many were new."""
+        Returns how many were new. Rows committed together share their finishing time."""
+        now = time.time()
         with self._transaction() as db:
             before = db.total_changes
             db.executemany(
@@ -246,7 +259,7 @@ class Store:
                 ":examples, :error, :seconds, :worker, :finished)",
                 [{**row, "data_key": self.data_key, "figures": json.dumps(row.get("figures")),
                   "outcome": row.get("outcome"), "examples": row.get("examples"), "error": row.get("error"),
-                  "finished": time.time()} for row in rows])
+                  "finished": now} for row in rows])
             return db.total_changes - before
 
     def forget_failed(self, arch_ids: Iterable[str]) -> int:
@@ -267,13 +280,11 @@ class Store:
         finished = [t for (t,) in self._db.execute(
             "SELECT MAX(finished) FROM results WHERE data_key = ? GROUP BY arch_id HAVING COUNT(*) = ?",
             (self.data_key, wanted))]
-        recent = [t for t in finished if t > time.time() - 3600]
-        span = (max(recent) - min(recent)) if len(recent) > 1 else 0.0
         return {"networks": len(networks), "done": len(self.done() & set(networks)),
                 "with_failures": len(failed), "items": wanted,
                 "rows": int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0]),
-                "claimed": {w: n for w, n in claims},
-                "networks_per_hour": (len(recent) - 1) / span * 3600 if span > 0 else None}
+                "claimed": {w: n for w, n in claims if not _worker_gone(w)},
+                "networks_per_hour": _rate([t for t in finished if t > time.time() - 3600])}
 
     def networks(self) -> list[tuple[str, str, dict]]:
         return [(a, b, json.loads(c)) for a, b, c in
