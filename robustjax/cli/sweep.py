@@ -112,7 +112,8 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
     with NetworkDisplay(console, len(selection), done, quiet=args.quiet, every=args.log_every) as progress:
         if args.ray:
             run_ray(sweep, store, selection, address=args.ray, worker=worker, lease_s=args.lease,
-                    on_chunk=progress.advance, log=lambda line: console.print(line, highlight=False))
+                    on_chunk=progress.advance, log=lambda line: console.print(line, highlight=False),
+                    compile_cache=args.compile_cache)
         else:
             run_local(sweep, store, selection, worker=worker, lease_s=args.lease, on_chunk=progress.advance,
                       on_train=TrainingProgress(progress))
@@ -205,7 +206,8 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     run.add_argument("--log-every", type=int, default=64, help="networks between progress lines off a terminal "
                      "(default: %(default)s)")
     run.add_argument("--compile-cache", default=DEFAULT_COMPILE_CACHE,
-                     help="folder that keeps compiled programs between runs, or 'off' (default: %(default)s)")
+                     help="folder that keeps compiled programs between runs, or 'off'; with --ray every "
+                          "worker uses it, so give a folder they all reach (default: %(default)s)")
     run.set_defaults(run=cmd_sweep_run)
     status = sub.add_parser("status", help="networks done, rate, time left, workers")
     status.add_argument("--db", required=True)

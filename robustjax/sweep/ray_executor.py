@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Sequence
 
+from robustjax.compile_cache import use_compile_cache
 from robustjax.sweep.engine import Sweep, chunk_size, context
 from robustjax.sweep.store import Store
 
@@ -19,8 +20,10 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 def _evaluate_task(sweep: Sweep, arch_ids: list[str], missing: dict[str, list[str]], pad_to: int,
-                   worker: str) -> list[dict]:
-    """On a Ray worker: every missing (network, item) row of one population batch."""
+                   worker: str, compile_cache: str) -> list[dict]:
+    """On a Ray worker: every missing (network, item) row of one population batch, with the
+    driver's persistent compile cache (``compile_cache``; a folder every worker can reach)."""
+    use_compile_cache(compile_cache)
     return [row for rows in context(sweep).evaluate(arch_ids, missing, pad_to=pad_to, worker=worker) for row in rows]
 
 
@@ -61,8 +64,9 @@ def connect(address: str):
 
 def run_ray(sweep: Sweep, store: Store, selection: Sequence[str], *, address: str, worker: str,
             lease_s: float = 1800.0, max_retries: int = 3, on_chunk: Callable[[list[str]], None] | None = None,
-            log: Callable[[str], None] | None = None) -> None:
-    """Evaluates the chunks of ``selection`` as Ray tasks until none is left to claim."""
+            log: Callable[[str], None] | None = None, compile_cache: str = "off") -> None:
+    """Evaluates the chunks of ``selection`` as Ray tasks until none is left to claim; the
+    workers keep their compiled programs in ``compile_cache`` (``compile_cache.use_compile_cache``)."""
     check_executable(sweep)
     ray = connect(address)
     resources = ray.cluster_resources()
@@ -77,7 +81,7 @@ def run_ray(sweep: Sweep, store: Store, selection: Sequence[str], *, address: st
             chunk = store.claim(worker, remaining, lease_s, size_of)
             if not chunk:
                 break
-            ref = task.remote(sweep, chunk, store.missing(chunk), size_of(chunk[0]), worker)
+            ref = task.remote(sweep, chunk, store.missing(chunk), size_of(chunk[0]), worker, compile_cache)
             in_flight[ref] = chunk
         if not in_flight:
             return

@@ -303,11 +303,12 @@ class Store:
 
     def results(self) -> Iterator[dict]:
         """Every result row of the current data, with its outcome unpacked ((figures, examples):
-        bool, or float32 for a sequence item; None for a ``report`` item, see :meth:`record`)."""
+        bool, or float32 for a sequence item; None for a ``report`` item, see :meth:`record`);
+        a network's rows one after another (ordered by arch id), each unpacked as it is read."""
         for arch_id, item_key, kind, status, figures, outcome, examples, error, seconds, worker in self._db.execute(
                 "SELECT r.arch_id, r.item_key, i.kind, r.status, r.figures, r.outcome, r.examples, r.error, "
-                "r.seconds, r.worker FROM results r JOIN items i USING (item_key) WHERE r.data_key = ?",
-                (self.data_key,)):
+                "r.seconds, r.worker FROM results r JOIN items i USING (item_key) WHERE r.data_key = ? "
+                "ORDER BY r.arch_id", (self.data_key,)):
             figures = json.loads(figures)
             yield {"arch_id": arch_id, "item_key": item_key, "status": status, "figures": figures, "error": error,
                    "seconds": seconds, "worker": worker,
