@@ -2,6 +2,7 @@
 when their worker dies; a sweep's rows are the population evaluation's results; an item
 that fails is recorded for its network and the sweep goes on; export and analysis."""
 
+import io
 import json
 import sqlite3
 import subprocess
@@ -10,9 +11,11 @@ import types
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 import robustjax as rj
 from robustjax.cli import main
+from robustjax.cli.progress import NetworkDisplay
 from robustjax.evaluation import items
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
@@ -169,7 +172,9 @@ def test_a_population_forced_to_shrink_mid_way_gives_the_rows_of_an_unconstraine
     monkeypatch.setattr(context.runner, "_run", lambda item, clf, axes: sizes.append(
         (item.kind, items._networks(clf.params, axes))) or original(item, clf, axes))
     store, ids = open_store(sweep, str(tmp_path / "s.sqlite"), archs)
-    run_local(sweep, store, ids, worker=worker_id())
+    shares = []
+    run_local(sweep, store, ids, worker=worker_id(), on_item=lambda chunk, share: shares.append((len(chunk), share)))
+    assert shares == [(4, 0.5), (4, 1.0), (3, 0.5), (3, 1.0)]  # progress after each item: clean, then FGSM
     # each population of 4 (the second: 3 networks and a copy) in two parts of 2
     assert [size for kind, size in sizes if kind == "attack"] == [2, 2, 2, 2]
     assert [size for kind, size in sizes if kind == "clean"] == [4, 4]
@@ -178,6 +183,16 @@ def test_a_population_forced_to_shrink_mid_way_gives_the_rows_of_an_unconstraine
     assert len(rows) == 2 * len(archs)
     for row in rows:
         np.testing.assert_array_equal(row["outcome"], expected[(row["arch_id"], row["item_key"])]["outcome"])
+
+
+def test_progress_moves_with_each_item_at_the_rate_measured_so_far():
+    console = Console(file=io.StringIO(), width=200)
+    display = NetworkDisplay(console, 10)
+    display.ITEM_LINE_S, display.started = 0.0, display.started - 100.0  # 100 s into the sweep
+    display.item(["a", "b", "c", "d"], 0.5)  # half of a population of 4: 2 networks' work
+    assert "2/10 networks done, 72 networks/h, 400 s left" in console.file.getvalue()
+    display.advance(["a", "b", "c", "d"])
+    assert "4/10 networks done, 144 networks/h, 150 s left" in console.file.getvalue()
 
 
 def test_an_item_that_fails_on_one_network_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):

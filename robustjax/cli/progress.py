@@ -107,12 +107,18 @@ def step_line(event: StepEvent, seconds: float) -> str:
 class NetworkDisplay(Display):
     """Networks done of ``total``, rate and time left: a bar on a terminal, a line every
     ``every`` networks (and at the end) otherwise. ``advance`` takes each finished chunk
-    (a sweep's ``on_chunk``, a NAS evaluation's ``on_population``)."""
+    (a sweep's ``on_chunk``, a NAS evaluation's ``on_population``); ``item`` the share of a
+    running chunk's work done (a sweep's ``on_item``), so the bar, the rate and the time
+    left move with every item, from the work measured so far (off a terminal, a line at
+    most every ``ITEM_LINE_S`` seconds)."""
+
+    ITEM_LINE_S = 30.0
 
     def __init__(self, console: Console, total: int, done: int = 0, *, quiet: bool = False, every: int = 1):
         super().__init__(console, quiet, per_hour=True)
         self.total, self.done, self.every = total, done, every
         self.started, self.at_start, self.logged = time.perf_counter(), done, done
+        self.line_at = self.started
         if self.bars is not None:
             self.task = self.bars.add_task("networks", total=total, completed=done, unit="networks")
 
@@ -121,9 +127,24 @@ class NetworkDisplay(Display):
         if self.bars is not None:
             self.bars.update(self.task, completed=self.done)
         elif not self.quiet and (self.done - self.logged >= self.every or self.done >= self.total):
-            elapsed = time.perf_counter() - self.started
-            rate = (self.done - self.at_start) / elapsed * 3600 if elapsed > 0 else 0.0
-            left = f"{(self.total - self.done) / rate * 3600:.0f} s left" if rate > 0 else "time left unknown"
-            self.console.print(f"{self.done}/{self.total} networks done, {rate:,.0f} networks/h, {left} "
-                               f"({elapsed:.0f} s)", highlight=False)
+            self._line(self.done)
             self.logged = self.done
+
+    def item(self, chunk: list, share: float) -> None:
+        progressed = self.done + len(chunk) * share
+        if self.bars is not None:
+            self.bars.update(self.task, completed=progressed)
+        elif not self.quiet and time.perf_counter() - self.line_at >= self.ITEM_LINE_S and share < 1:
+            self._line(progressed)
+
+    def _line(self, progressed: float) -> None:
+        """Networks done (a fraction: the running chunk's items count), the rate measured
+        since the start and the time the networks left take at that rate."""
+        now = time.perf_counter()
+        elapsed = now - self.started
+        rate = (progressed - self.at_start) / elapsed * 3600 if elapsed > 0 else 0.0
+        left = f"{(self.total - progressed) / rate * 3600:.0f} s left" if rate > 0 else "time left unknown"
+        shown = f"{progressed:.0f}" if progressed == int(progressed) else f"{progressed:.1f}"
+        self.console.print(f"{shown}/{self.total} networks done, {rate:,.0f} networks/h, {left} "
+                           f"({elapsed:.0f} s)", highlight=False)
+        self.line_at = now

@@ -116,6 +116,7 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
                     compile_cache=args.compile_cache)
         else:
             run_local(sweep, store, selection, worker=worker, lease_s=args.lease, on_chunk=progress.advance,
+                      on_item=progress.item,
                       on_train=TrainingProgress(progress))
     status = store.status()
     if not args.quiet:

@@ -347,11 +347,14 @@ def chunk_size(sweep: Sweep, store: Store, selection: Sequence[str]) -> Callable
 
 def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: str, lease_s: float = 1800.0,
               on_chunk: Callable[[list[str]], None] | None = None,
-              on_train: Callable[[str, StepReport], None] | None = None) -> None:
+              on_train: Callable[[str, StepReport], None] | None = None,
+              on_item: Callable[[list[str], float], None] | None = None) -> None:
     """Claims and evaluates chunks of ``selection`` until none is left to claim, committing
-    each item's rows as it finishes; ``on_chunk`` receives each finished chunk's arch ids,
-    ``on_train`` each training step of a trained network (the claim is renewed meanwhile).
-    An error (a failed training) stops it, its chunk released."""
+    each item's rows as it finishes; ``on_item`` receives the chunk's arch ids and the share
+    of its work committed so far after each item (a ``report`` item counts once per
+    network), ``on_chunk`` each finished chunk's arch ids, ``on_train`` each training step
+    of a trained network (the claim is renewed meanwhile). An error (a failed training)
+    stops it, its chunk released."""
     ctx = context(sweep)
     size_of = chunk_size(sweep, store, selection)
     renewed = time.monotonic()
@@ -365,11 +368,15 @@ def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: s
             on_train(arch_id, report)
 
     while chunk := store.claim(worker, list(selection), lease_s, size_of):
+        missing = store.missing(chunk)
+        units = sum(len(ids) if ctx.by_key[key].kind == REPORT else 1 for key, ids in missing.items() if ids)
         try:
-            for rows in ctx.evaluate(chunk, store.missing(chunk), pad_to=size_of(chunk[0]), worker=worker,
-                                     on_train=training_step):
+            for done, rows in enumerate(ctx.evaluate(chunk, missing, pad_to=size_of(chunk[0]), worker=worker,
+                                                     on_train=training_step), start=1):
                 store.commit(rows)
                 store.renew(worker, lease_s)
+                if on_item is not None:
+                    on_item(chunk, done / units)
         finally:  # a chunk that raised is free again at once, for a rerun in this process too
             store.release(worker, chunk)
         if on_chunk is not None:
