@@ -1,7 +1,7 @@
 """Sweeps as processes: `robustjax sweep run` killed with SIGKILL at random moments and rerun
 ends with every row exactly once and the values of an uninterrupted run; on a Ray cluster
-started here (loopback), the rows are the local executor's, and a worker killed in the
-middle of a task has its task retried without duplicates."""
+started here (loopback), the rows are the local executor's, they arrive as each item ends,
+and a worker killed in the middle of a task has its task retried without duplicates."""
 
 import os
 import signal
@@ -124,7 +124,13 @@ def test_ray_cluster_gives_the_local_rows_and_retries_a_killed_worker(workdir, r
         victims = _task_pids()
         assert victims, "no Ray task ran"
         os.kill(victims[0], signal.SIGKILL)
+        counts = set()
+        while process.poll() is None:
+            counts.add(_count(db))
+            time.sleep(0.05)
         assert process.wait(timeout=HANG_S) == 0
         assert _rows(db) == reference
+        # rows arrive item by item (2 networks each), not only when a task's 3 items end
+        assert any(count % (2 * ITEMS) for count in counts), counts
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, timeout=HANG_S, capture_output=True)

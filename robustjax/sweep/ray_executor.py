@@ -2,7 +2,8 @@
 
 The driver claims chunks from the store as the local executor does, keeps one task in
 flight per worker slot (a GPU each, or a CPU each on a cluster without GPUs), and commits
-each finished task's rows itself: the store's only writer is the driver. A task whose
+each item's rows as a task yields them (a streaming task): the store's only writer is the
+driver, and a driver that dies loses at most the items running. A task whose
 worker dies is retried by Ray (``max_retries``); a task that still fails has its claims
 released, so a later run takes its networks up again.
 """
@@ -10,7 +11,7 @@ released, so a later run takes its networks up again.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from robustjax.compile_cache import use_compile_cache
 from robustjax.sweep.engine import Sweep, chunk_size, context
@@ -20,11 +21,12 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 def _evaluate_task(sweep: Sweep, arch_ids: list[str], missing: dict[str, list[str]], pad_to: int,
-                   worker: str, compile_cache: str) -> list[dict]:
-    """On a Ray worker: every missing (network, item) row of one population batch, with the
-    driver's persistent compile cache (``compile_cache``; a folder every worker can reach)."""
+                   worker: str, compile_cache: str) -> Iterator[list[dict]]:
+    """On a Ray worker: the missing (network, item) rows of one population batch, yielded
+    item by item (a streaming task), with the driver's persistent compile cache
+    (``compile_cache``; a folder every worker can reach)."""
     use_compile_cache(compile_cache)
-    return [row for rows in context(sweep).evaluate(arch_ids, missing, pad_to=pad_to, worker=worker) for row in rows]
+    yield from context(sweep).evaluate(arch_ids, missing, pad_to=pad_to, worker=worker)
 
 
 def check_executable(sweep: Sweep) -> None:
@@ -72,27 +74,33 @@ def run_ray(sweep: Sweep, store: Store, selection: Sequence[str], *, address: st
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
     slots = gpus or max(1, int(resources.get("CPU", 1)))
-    task = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=max_retries)(_evaluate_task)
+    task = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=max_retries,
+                      num_returns="streaming")(_evaluate_task)
     size_of = chunk_size(sweep, store, selection)
-    in_flight: dict = {}
+    in_flight: dict = {}  # a task's stream of rows -> its chunk
     remaining = list(selection)
     while True:
         while len(in_flight) < slots:
             chunk = store.claim(worker, remaining, lease_s, size_of)
             if not chunk:
                 break
-            ref = task.remote(sweep, chunk, store.missing(chunk), size_of(chunk[0]), worker, compile_cache)
-            in_flight[ref] = chunk
+            stream = task.remote(sweep, chunk, store.missing(chunk), size_of(chunk[0]), worker, compile_cache)
+            in_flight[stream] = chunk
         if not in_flight:
             return
-        done, _ = ray.wait(list(in_flight), num_returns=1)
-        chunk = in_flight.pop(done[0])
+        (ready,), _ = ray.wait(list(in_flight), num_returns=1)
+        chunk = in_flight[ready]
         try:
-            store.commit(ray.get(done[0]))
+            store.commit(ray.get(next(ready)))  # one item's rows, as the worker finishes it
+            store.renew(worker, lease_s)
+            continue
+        except StopIteration:  # the task has yielded every item
+            pass
         except ray.exceptions.RayError as error:  # retries spent: a later run takes these networks up again
             remaining = [arch_id for arch_id in remaining if arch_id not in chunk]
             if log is not None:
                 log(f"task for {len(chunk)} networks failed after {max_retries} retries: {error}")
+        del in_flight[ready]
         store.release(worker, chunk)
         store.renew(worker, lease_s)
         if on_chunk is not None:
