@@ -3,6 +3,7 @@
     python -m benchmarks.nas --space nb201_digits --networks 64 --alone 8
     python -m benchmarks.nas --space bignas_resnet_basic_digits --networks 64 --alone 8
     python -m benchmarks.nas --space nb201 --networks 64 --alone 2 --torch 2   # CIFAR size, for a GPU
+    python -m benchmarks.nas --scale cifar     # CIFAR size on a CPU: 8 networks, 1 alone, 2 in torch
 
 The plan is clean accuracy, FGSM and PGD-10 (Linf, eps 0.1) on 256 test digits, each
 subnet sliced from the bundled supernet with batch norm recalibrated on 1,024 training
@@ -25,6 +26,10 @@ same populations again) and *alone_warm* (the same sliced subnets evaluated agai
 rate exact shapes would reach if compiling cost nothing, the ceiling of any per-network
 program on this machine.
 
+Besides the rows: the population size each item's program runs at (the largest that fits
+the device's free memory, ``ItemRunner.fitting_size``: a sweep on a smaller device runs
+smaller parts) and the process's peak resident memory.
+
 A last row, *machine_ceiling*, bounds every way of computing the plan on this machine: the
 plan's arithmetic per network (2 x the subnet's MACs per image pass; an attack step is a
 forward pass and an input gradient, two passes; weight gradients are not needed) at the
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -46,8 +52,10 @@ import numpy as np
 import robustjax as rj
 from benchmarks.common import RESULTS, machine_facts, matmul_peak_gflops
 from robustjax.evaluation import evaluate
+from robustjax.evaluation.items import ItemRunner, expand
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
+from robustjax.nas.population import from_supernet
 
 PLAN = {"batch_size": 256, "num_examples": 256, "seed": 0,
         "attacks": [{"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": 0.1, "steps": 10}]}
@@ -147,6 +155,15 @@ def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarra
     return time.perf_counter() - start
 
 
+def fitting_sizes(supernet: rj.nas.Supernet, archs: list, dataset, plan, calibration: np.ndarray) -> dict[str, int]:
+    """Per item, the most networks of a population of ``archs`` its program runs at once in
+    the device's free memory (compiling each item's program for the memory analysis)."""
+    runner = ItemRunner(dataset, plan)
+    population = from_supernet(supernet, archs, calibration=calibration)
+    return {item.labels[0]: runner.fitting_size(item, population.classifier, population.axes)
+            for item in expand(plan)}
+
+
 def inputs(space_name: str):
     """The supernet, evaluated set and 1,024 calibration images of a benchmark space: the
     bundled digits supernets on the digits, or a random CIFAR-size NB201 supernet on random
@@ -175,10 +192,15 @@ def main() -> None:
                         "(NB201 needs xautodl; 0: skip)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--scale", choices=["cifar"], help="cifar: --space nb201 --networks 8 --alone 1 --torch 2 "
+                        "--population-size 8 (NB201 C=16, N=5 on 32x32 random images, sized for a CPU)")
     args = parser.parse_args()
+    if args.scale == "cifar":
+        args.space, args.networks, args.alone, args.torch, args.population_size = "nb201", 8, 1, 2, 8
     supernet, dataset, calibration = inputs(args.space)
     archs = supernet.space.sample(jax.random.key(0), args.networks)
     plan = plan_from_dict(PLAN)
+    sizes = fitting_sizes(supernet, archs[:args.population_size], dataset, plan, calibration)
     counter = CompileCounter()
 
     start, compiles = time.perf_counter(), counter.count
@@ -230,6 +252,8 @@ def main() -> None:
         print(f"{name:12s} {row['networks']:5d} networks  {row['seconds']:8.1f} s  {row['compiles'] or '-':>5} compiles  "
               f"{row['networks_per_hour']:8d} networks/hour")
     print(f"population over the others (networks per hour): {ratios}; results equal on the shared networks: {agree}")
+    print(f"population size each item runs at: {sizes}; peak memory "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     args.out.mkdir(parents=True, exist_ok=True)
     facts = machine_facts(())
     path = args.out / f"nas_{args.space}.{facts['backend']}.json"
@@ -237,7 +261,8 @@ def main() -> None:
         "benchmark": "nas", "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": facts, "settings": {"space": args.space, "plan": PLAN, "population_size": args.population_size,
                                        "calibration_images": CALIBRATION_IMAGES},
-        "results": rows, "population_over": ratios, "results_equal": agree}, indent=2) + "\n")
+        "results": rows, "population_over": ratios, "results_equal": agree, "population_size_run": sizes,
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}, indent=2) + "\n")
     print(f"written to {path}")
 
 

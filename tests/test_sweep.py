@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -107,6 +108,19 @@ def test_status_counts_a_populations_networks_once_and_not_the_claims_of_dead_wo
     status = store.status()
     assert status["networks_per_hour"] == pytest.approx(8 / 200 * 3600)  # 8 networks in the 200 s after the first 4
     assert status["claimed"] == {alive: 2} and status["done"] == 12
+
+
+def test_a_heartbeat_keeps_claims_past_their_lease_while_an_item_runs(tmp_path):
+    store = _store(tmp_path)
+    store.set_items([("clean", "clean", {}, ("clean",))])
+    store.add_networks([("n0", "b0", {}), ("n1", "b0", {})])
+    alive, other = worker_id(), "elsewhere:1:x"
+    with store.heartbeat(alive, 0.4):
+        assert store.claim(alive, ["n0", "n1"], 0.4, lambda a: 2) == ["n0", "n1"]
+        time.sleep(1.2)  # three leases: an item longer than the lease
+        assert store.claim(other, ["n0", "n1"], 0.4, lambda a: 2) == []
+    time.sleep(0.6)  # no heartbeat: the lease runs out
+    assert store.claim(other, ["n0", "n1"], 0.4, lambda a: 2) == ["n0", "n1"]
 
 
 @pytest.fixture(scope="module")

@@ -47,9 +47,9 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
               "population_size": args.population_size, "calibration_images": args.calibration_images,
               "network_shards": args.network_shards}
     if args.models:
-        if args.space or args.ids or args.all or args.n is not None or args.supernet:
-            raise ValueError("--models runs a list of models; --space, --ids, --n, --all and --supernet apply to "
-                             "NAS spaces")
+        if args.space or args.ids or args.all or args.n is not None or args.supernet or args.weights:
+            raise ValueError("--models runs a list of models; --space, --ids, --n, --all, --supernet and --weights "
+                             "apply to NAS spaces")
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
         trained_dir = None if plan.training is None else f"{args.db}.trained"
         return Sweep(models=models, trained_dir=trained_dir, **common), list(models)
@@ -60,9 +60,13 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
         archs = parse_ids(args.ids)
     elif args.all:
         archs = range(len(space))  # never listed whole: open_store refuses a space too large for one database
+    elif args.weights:  # the folder's networks
+        if args.n is not None:
+            raise ValueError("--weights sweeps every network of its folder: choose some with --ids, not --n")
+        archs = sorted(nas.standalone.folder_entries(args.weights))
     else:
         archs = space.sample(jax.random.key(args.seed), DEFAULT_N if args.n is None else args.n)
-    return Sweep(space=space.name, supernet=args.supernet, **common), archs
+    return Sweep(space=space.name, supernet=args.supernet, weights=args.weights, **common), archs
 
 
 class TrainingProgress:
@@ -188,6 +192,9 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
                      "clean, [[attacks]], [corruptions], [sequences], [system_noise] and, with --models, [training] apply")
     add_plan_options(run)
     run.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
+    run.add_argument("--weights", help="folder of the space's standalone trained networks, one per NAS-Bench-201 "
+                     "index ({index}.pth xautodl state dicts or `zoo convert` folders {index}/): sweeps them, every "
+                     "one in the folder unless --ids or --n choose")
     run.add_argument("--dataset", default=DEFAULT_DATASET, help="(default: %(default)s; its train split "
                      "recalibrates batch norm)")
     run.add_argument("--split", default="test", help="(default: %(default)s)")

@@ -5,10 +5,11 @@ supernets, batch-norm recalibration and supernet training.
     space.config(11472).arch_string         # NAS-Bench-201's own ids and strings
     supernet = rj.nas.Supernet.load(folder) # or train_supernet(space, images, labels, out)
     clf = supernet.subnet(11472, calibration=train_images)
+    population = rj.nas.from_networks(space, archs, rj.nas.load_folder(space, folder, archs))  # trained cells
 """
 
 from robustjax.nas import models as _models  # noqa: F401  (registers nas.* in the zoo)
-from robustjax.nas import population
+from robustjax.nas import population, standalone
 from robustjax.nas.bignas import NAMED_SUBNETS, BigNASConfig, BigNASSpace
 from robustjax.nas.build import build_network, build_supernet, choice
 from robustjax.nas.nb201 import NB201Config, NB201Space
@@ -24,10 +25,11 @@ from robustjax.nas.space import (
     space,
     space_doc,
 )
+from robustjax.nas.standalone import from_networks, load_folder
 from robustjax.nas.supernet import Supernet
 from robustjax.nas.train import TrainSettings, train_supernet
 
 __all__ = ["NAMED_SUBNETS", "BigNASConfig", "BigNASSpace", "Cost", "NB201Config", "NB201Space", "Population",
            "SearchSpace", "Supernet", "TrainSettings", "build_network", "build_supernet", "calibration_subset",
-           "choice", "create", "get", "names", "population", "recalibrate", "register_space", "space", "space_doc",
-           "train_supernet"]
+           "choice", "create", "from_networks", "get", "load_folder", "names", "population", "recalibrate",
+           "register_space", "space", "space_doc", "standalone", "train_supernet"]

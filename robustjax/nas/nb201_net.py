@@ -67,7 +67,8 @@ class Cell(nnx.Module):
 
 class SuperCell(nnx.Module):
     """Every op of every edge: a 1x1 and a 3x3 ``ReLUConvBN`` per edge (the others have no
-    weights), mixed by per-edge op weights."""
+    weights), mixed by per-edge op weights; an op of weight 0 is selected out, not multiplied
+    by 0, so no inf or NaN of an op a network does not use reaches the sum (0 * inf = NaN)."""
 
     def __init__(self, channels: int, *, rngs: nnx.Rngs):
         self.conv1x1 = nnx.List([ReLUConvBN(channels, channels, 1, rngs=rngs) for _ in EDGES])
@@ -76,8 +77,8 @@ class SuperCell(nnx.Module):
     def __call__(self, x: jax.Array, op_weights: jax.Array) -> jax.Array:
         def edge_output(edge: int, op: None, source: jax.Array) -> jax.Array:
             w = op_weights[edge]  # in OPS order; "none" contributes nothing
-            return (w[1] * source + w[2] * self.conv1x1[edge](source) + w[3] * self.conv3x3[edge](source)
-                    + w[4] * avg_pool_3x3(source))
+            outputs = (source, self.conv1x1[edge](source), self.conv3x3[edge](source), avg_pool_3x3(source))
+            return sum(jnp.where(w[op] != 0, w[op] * out, 0) for op, out in enumerate(outputs, start=1))
 
         return _cell_forward(x, edge_output, (None,) * len(EDGES))
 

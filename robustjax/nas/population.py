@@ -85,7 +85,8 @@ def _take(params: Any, axes: Any, index: int) -> Any:
     return jax.tree.map(lambda leaf: leaf[index], params)
 
 
-def _configs(space: build.Space, archs: Sequence[Any]) -> list:
+def resolve_configs(space: build.Space, archs: Sequence[Any]) -> list:
+    """The configs of ``archs`` (ids, strings or configs) in ``space``, refusing another space's configs."""
     kind = BigNASConfig if isinstance(space, BigNASSpace) else NB201Config
     configs = []
     for arch in archs:
@@ -101,7 +102,7 @@ def resolution_buckets(space: build.Space, archs: Sequence[Any]) -> dict[int, li
     """The configs of ``archs`` grouped by the resolution they compute at (one population,
     so one compiled program, per group)."""
     buckets: dict[int, list] = {}
-    for config in _configs(space, archs):
+    for config in resolve_configs(space, archs):
         buckets.setdefault(build.resolution(space, config), []).append(config)
     return buckets
 

@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -62,7 +63,9 @@ MAX_NETWORKS = 1_000_000
 class Sweep:
     """What a sweep evaluates: ``plan`` on ``dataset``/``split``, over the subnets of NAS
     ``space`` (weights from ``supernet``, a folder of ``nas train``, or the space's bundled
-    supernet; batch norm recalibrated on ``calibration_images`` training images), or over
+    supernet; batch norm recalibrated on ``calibration_images`` training images), over the
+    space's standalone trained networks in folder ``weights`` (one per NAS-Bench-201 index,
+    ``nas.standalone.load_folder``; their own batch-norm statistics), or over
     ``models`` (zoo names or ``package.module:function``), one network each. A plan with a
     ``[training]`` table makes the networks the zoo ``models`` trained with each of its
     technique sets, into folders under ``trained_dir``."""
@@ -78,6 +81,7 @@ class Sweep:
     calibration_images: int = DEFAULT_IMAGES
     network_shards: int = 1  # devices the networks split over (the others split the examples)
     trained_dir: str | None = None
+    weights: str | None = None
 
     def __post_init__(self):
         if (self.space is None) == (not self.models):
@@ -90,6 +94,9 @@ class Sweep:
         if self.plan.training is not None and not self.models:
             raise ValueError("a plan with a [training] table trains zoo models: pass them with --models, not a NAS "
                              "space")
+        if self.weights is not None and (self.space is None or self.supernet is not None):
+            raise ValueError("--weights DIR sweeps a NAS space's standalone networks: pass it with --space, without "
+                             "--supernet")
         if self.plan.training is not None and self.trained_dir is None:
             raise ValueError("a sweep with a [training] table needs trained_dir, the folder its networks train into")
 
@@ -116,7 +123,10 @@ class Context:
         self.by_key = {item.key_for(sweep.plan): item for item in self.items}
         self.runner = ItemRunner(self.dataset, sweep.plan,
                                  DataParallel(sweep.plan.batch_size, network_shards=sweep.network_shards))
-        if sweep.space is not None:
+        if sweep.space is not None and sweep.weights is not None:
+            self.space = nas.space(sweep.space)
+            self.folder_entries = nas.standalone.folder_entries(sweep.weights)
+        elif sweep.space is not None:
             space = nas.space(sweep.space)
             if sweep.supernet is not None:
                 self.supernet = nas.Supernet.load(sweep.supernet, space=space)
@@ -124,7 +134,8 @@ class Context:
                 self.supernet = nas.models.embedded_supernet(space.name)
             else:
                 raise ValueError(f"{space.name} has no bundled supernet: pass --supernet DIR (from `robustjax nas "
-                                 "train`)")
+                                 "train`) or --weights DIR (its standalone networks)")
+            self.space = self.supernet.space
             train = data.load(sweep.dataset, "train", data_dir=sweep.data_dir)
             self.calibration = calibration_subset(train, sweep.calibration_images)
         if sweep.training:
@@ -169,7 +180,11 @@ class Context:
         """What the results depend on; a store holds one definition."""
         sweep = self.sweep
         plan = dataclasses.replace(sweep.plan, training=None)  # trained networks' ids hash their training
-        if sweep.space is not None:
+        if sweep.weights is not None:  # each network's file: its name, size and time of writing
+            networks = {"space": nas.supernet.describe_space(self.space), "standalone": hashlib.sha256(json.dumps(
+                [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in self.folder_entries.values()]).encode()
+            ).hexdigest()[:16]}
+        elif sweep.space is not None:
             networks = {"space": nas.supernet.describe_space(self.supernet.space),
                         "weights": _digest(jax.tree.leaves(self.supernet.state)),
                         "calibration": _digest([self.calibration])}
@@ -190,9 +205,15 @@ class Context:
         if self.sweep.space is None:
             return [(spec, spec, {"model": spec, "params": zoo.count_params(self.model(spec)),
                                   "flops": int(zoo.count_flops(self.model(spec)))}) for spec in self.sweep.models]
-        space = self.supernet.space
-        configs = [space.resolve(arch) for arch in archs]
-        return [(c.arch_id, str(nas.build.resolution(space, c)), nas.models.network_card(space, c)) for c in configs]
+        configs = [self.space.resolve(arch) for arch in archs]
+        if self.sweep.weights is not None and (missing := [c.index for c in configs
+                                                           if c.index not in self.folder_entries]):
+            shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+            raise ValueError(f"--weights {self.sweep.weights} lacks {len(missing)} of the {len(configs)} requested "
+                             f"architectures (indices {shown}); expected a file {{index}}.pth or a folder {{index}}/ "
+                             "per architecture")
+        return [(c.arch_id, str(nas.build.resolution(self.space, c)), nas.models.network_card(self.space, c))
+                for c in configs]
 
     def population(self, arch_ids: Sequence[str], pad_to: int) -> Population:
         """The networks ``arch_ids`` as one population of their bucket's population size
@@ -208,6 +229,9 @@ class Context:
         if self.sweep.space is None:
             (spec,) = arch_ids
             return Population.stack([self.model(spec)])
+        if self.sweep.weights is not None:
+            archs = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
+            return nas.standalone.from_networks(self.space, archs, self.standalone_weights(archs))
         if self.sweep.network_shards == 1 and choose_layout("auto", pad_to) == "exact":
             return exact_subnet(self.supernet, arch_ids[0], calibration=self.calibration)
         archs = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
@@ -240,9 +264,15 @@ class Context:
         """Network ``arch_id`` as a classifier of its own; a supernet's subnet at its own
         shapes, so that the metrics count its own neurons (a masked subnet would count the
         supernet's)."""
+        if self.sweep.weights is not None:
+            return nas.standalone.network(self.space, arch_id, *self.standalone_weights([arch_id]))
         if self.sweep.space is not None:
             return exact_subnet(self.supernet, arch_id, calibration=self.calibration).member(0)
         return self.population([arch_id], 1).member(0)
+
+    def standalone_weights(self, arch_ids: Sequence[str]) -> list[dict]:
+        """The weights of standalone networks ``arch_ids``, read from the sweep's folder."""
+        return nas.standalone.load_folder(self.space, self.sweep.weights, arch_ids)
 
     @functools.cached_property
     def reference(self) -> Classifier | None:
@@ -353,31 +383,21 @@ def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: s
     each item's rows as it finishes; ``on_item`` receives the chunk's arch ids and the share
     of its work committed so far after each item (a ``report`` item counts once per
     network), ``on_chunk`` each finished chunk's arch ids, ``on_train`` each training step
-    of a trained network (the claim is renewed meanwhile). An error (a failed training)
-    stops it, its chunk released."""
+    of a trained network. The claims are renewed meanwhile (``Store.heartbeat``). An error
+    (a failed training) stops it, its chunk released."""
     ctx = context(sweep)
     size_of = chunk_size(sweep, store, selection)
-    renewed = time.monotonic()
-
-    def training_step(arch_id: str, report: StepReport) -> None:
-        nonlocal renewed
-        if time.monotonic() - renewed > lease_s / 4:
-            store.renew(worker, lease_s)
-            renewed = time.monotonic()
-        if on_train is not None:
-            on_train(arch_id, report)
-
-    while chunk := store.claim(worker, list(selection), lease_s, size_of):
-        missing = store.missing(chunk)
-        units = sum(len(ids) if ctx.by_key[key].kind == REPORT else 1 for key, ids in missing.items() if ids)
-        try:
-            for done, rows in enumerate(ctx.evaluate(chunk, missing, pad_to=size_of(chunk[0]), worker=worker,
-                                                     on_train=training_step), start=1):
-                store.commit(rows)
-                store.renew(worker, lease_s)
-                if on_item is not None:
-                    on_item(chunk, done / units)
-        finally:  # a chunk that raised is free again at once, for a rerun in this process too
-            store.release(worker, chunk)
-        if on_chunk is not None:
-            on_chunk(chunk)
+    with store.heartbeat(worker, lease_s):  # the claims live while an item or a training runs
+        while chunk := store.claim(worker, list(selection), lease_s, size_of):
+            missing = store.missing(chunk)
+            units = sum(len(ids) if ctx.by_key[key].kind == REPORT else 1 for key, ids in missing.items() if ids)
+            try:
+                for done, rows in enumerate(ctx.evaluate(chunk, missing, pad_to=size_of(chunk[0]), worker=worker,
+                                                         on_train=on_train), start=1):
+                    store.commit(rows)
+                    if on_item is not None:
+                        on_item(chunk, done / units)
+            finally:  # a chunk that raised is free again at once, for a rerun in this process too
+                store.release(worker, chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)

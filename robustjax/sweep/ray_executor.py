@@ -79,29 +79,28 @@ def run_ray(sweep: Sweep, store: Store, selection: Sequence[str], *, address: st
     size_of = chunk_size(sweep, store, selection)
     in_flight: dict = {}  # a task's stream of rows -> its chunk
     remaining = list(selection)
-    while True:
-        while len(in_flight) < slots:
-            chunk = store.claim(worker, remaining, lease_s, size_of)
-            if not chunk:
-                break
-            stream = task.remote(sweep, chunk, store.missing(chunk), size_of(chunk[0]), worker, compile_cache)
-            in_flight[stream] = chunk
-        if not in_flight:
-            return
-        (ready,), _ = ray.wait(list(in_flight), num_returns=1)
-        chunk = in_flight[ready]
-        try:
-            store.commit(ray.get(next(ready)))  # one item's rows, as the worker finishes it
-            store.renew(worker, lease_s)
-            continue
-        except StopIteration:  # the task has yielded every item
-            pass
-        except ray.exceptions.RayError as error:  # retries spent: a later run takes these networks up again
-            remaining = [arch_id for arch_id in remaining if arch_id not in chunk]
-            if log is not None:
-                log(f"task for {len(chunk)} networks failed after {max_retries} retries: {error}")
-        del in_flight[ready]
-        store.release(worker, chunk)
-        store.renew(worker, lease_s)
-        if on_chunk is not None:
-            on_chunk(chunk)
+    with store.heartbeat(worker, lease_s):  # the claims live while the tasks run
+        while True:
+            while len(in_flight) < slots:
+                chunk = store.claim(worker, remaining, lease_s, size_of)
+                if not chunk:
+                    break
+                stream = task.remote(sweep, chunk, store.missing(chunk), size_of(chunk[0]), worker, compile_cache)
+                in_flight[stream] = chunk
+            if not in_flight:
+                return
+            (ready,), _ = ray.wait(list(in_flight), num_returns=1)
+            chunk = in_flight[ready]
+            try:
+                store.commit(ray.get(next(ready)))  # one item's rows, as the worker finishes it
+                continue
+            except StopIteration:  # the task has yielded every item
+                pass
+            except ray.exceptions.RayError as error:  # retries spent: a later run takes these networks up again
+                remaining = [arch_id for arch_id in remaining if arch_id not in chunk]
+                if log is not None:
+                    log(f"task for {len(chunk)} networks failed after {max_retries} retries: {error}")
+            del in_flight[ready]
+            store.release(worker, chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)

@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -232,6 +233,29 @@ class Store:
             chunk = [a for a in pending if buckets[a] == bucket][:size_of(pending[0])]
             db.executemany("INSERT INTO claims VALUES (?, ?, ?)", [(a, worker, now + lease_s) for a in chunk])
         return chunk
+
+    @contextlib.contextmanager
+    def heartbeat(self, worker: str, lease_s: float) -> Iterator[None]:
+        """Renews ``worker``'s claims every quarter of ``lease_s`` while the block runs (from a
+        thread with a connection of its own), so an item longer than the lease keeps its
+        networks; a worker that dies stops renewing and its claims expire."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            store = Store.read(self.path)
+            try:
+                while not stop.wait(lease_s / 4):
+                    store.renew(worker, lease_s)
+            finally:
+                store.close()
+
+        thread = threading.Thread(target=beat, name=f"lease of {worker}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def renew(self, worker: str, lease_s: float) -> None:
         with self._transaction() as db:
