@@ -133,11 +133,11 @@ def test_bad_populations_are_refused(calibration):
 
 
 def test_a_population_too_large_for_memory_runs_in_parts_that_fit(calibration, monkeypatch):
-    """With half the memory the population of 8 needs, each item runs it in parts of the
+    """With half the memory the population of 4 needs, each item runs it in parts of the
     largest size that fits, the last from the ladder, and every network gets the outcome of
     the unconstrained run; when not even one network fits, the error says what to change."""
     supernet = rj.nas.models.embedded_supernet("nb201_digits")
-    archs = [supernet.space.config(i) for i in (11472, 0, 9, 1200, 15624, 77, 5000, 321)]
+    archs = [supernet.space.config(i) for i in (11472, 0, 9, 1200)]
     plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
     dataset = rj.data.digits("test")
     runner, fgsm = ItemRunner(dataset, plan), items.expand(plan)[1]
@@ -146,16 +146,16 @@ def test_a_population_too_large_for_memory_runs_in_parts_that_fit(calibration, m
         population = from_supernet(supernet, archs[:networks])
         return runner.memory_needed(fgsm, population.classifier, population.axes)
 
-    unconstrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=8)
-    free = needed(8) // 2
+    unconstrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=4)
+    free = needed(4) // 2
     monkeypatch.setattr(items, "free_memory_bytes", lambda: free)
     sizes = []
     original = ItemRunner._run
     monkeypatch.setattr(ItemRunner, "_run", lambda self, item, clf, axes: sizes.append(
         (item.kind, items._networks(clf.params, axes))) or original(self, item, clf, axes))
-    constrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=8)
+    constrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=4)
     parts = [size for kind, size in sizes if kind == "attack"]
-    assert 1 <= max(parts) < 8 and needed(max(parts)) <= free and sum(parts) >= 8
+    assert 1 <= max(parts) < 4 and needed(max(parts)) <= free and sum(parts) >= 4
     for alone, together in zip(unconstrained, constrained):
         assert alone["arch_id"] == together["arch_id"]
         for label, outcome in alone["per_example"].items():

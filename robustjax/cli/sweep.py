@@ -1,7 +1,7 @@
 """The ``robustjax sweep`` commands: a plan over many networks, resumable, local or on Ray.
 
-    robustjax sweep run --db results.sqlite [--space NAME [--n N | --ids 0-999 | --all] | --models a,b]
-                        [--plan FILE] [--ray auto|ADDRESS]
+    robustjax sweep run --db results.sqlite [--space NAME [--n N | --ids 0-999 | --all] [--weights DIR]
+                        | --models a,b] [--plan FILE] [--ray auto|ADDRESS]
     robustjax sweep status --db results.sqlite
     robustjax sweep export --db results.sqlite --format csv|jsonl|parquet --out FILE [--join FILE]
     robustjax sweep analyze --db results.sqlite --out DIR
