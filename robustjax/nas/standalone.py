@@ -17,7 +17,6 @@ pickled code runs) and converted with :func:`~robustjax.nas.convert.convert_nb20
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -159,12 +158,8 @@ def _load_state_dict(space: NB201Space, config: NB201Config, path: Path) -> dict
     source = f"{config.arch_id} ({path})"
     try:
         weights = TorchWeights(load_state_dict(path), source)
-    except ValueError as error:  # the torch loader's refusal spans lines; keep the first and the global it names
-        first = str(error).splitlines()[0]
-        head, unpickled, _ = first.partition(" and will not be unpickled")
-        named = re.search(r"Unsupported global: (GLOBAL \S+)", str(error))
-        reason = f"{head}{unpickled} (it holds code: {named.group(1)})" if unpickled and named else first
-        raise ValueError(f"{source}: {reason}") from None
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None
     converted = convert_nb201(weights)  # its errors, and check_all_used's, name the source
     weights.check_all_used()
     check_network(space, config, converted, source)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -140,8 +141,11 @@ def _load_torch(path: Path) -> dict[str, np.ndarray]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises UnpicklingError and others for unsafe content
+        # torch's message spans lines and suggests weights_only=False: keep the global it names
+        named = re.search(r"Unsupported global: (GLOBAL \S+)", str(err))
+        reason = f"it holds code: {named.group(1)}" if named else str(err).splitlines()[0]
         raise ValueError(
-            f"{path.name} is not a weights-only PyTorch checkpoint and will not be unpickled: {err}"
+            f"{path.name} is not a weights-only PyTorch checkpoint and will not be unpickled ({reason})"
         ) from err
     for key in CONTAINER_KEYS:
         if isinstance(loaded, dict) and isinstance(loaded.get(key), dict):
