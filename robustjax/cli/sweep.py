@@ -194,7 +194,7 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     run.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
     run.add_argument("--weights", help="folder of the space's standalone trained networks, one per NAS-Bench-201 "
                      "index ({index}.pth xautodl state dicts or `zoo convert` folders {index}/): sweeps them, every "
-                     "one in the folder unless --ids or --n choose")
+                     "one in the folder unless --ids chooses")
     run.add_argument("--dataset", default=DEFAULT_DATASET, help="(default: %(default)s; its train split "
                      "recalibrates batch norm)")
     run.add_argument("--split", default="test", help="(default: %(default)s)")
