@@ -129,11 +129,7 @@ def load_folder(space: build.Space, folder: str | Path, archs: Sequence[Any]) ->
     _check_nb201(space, "load_folder")
     configs = resolve_configs(space, archs)
     entries = folder_entries(folder)
-    missing = [config.index for config in configs if config.index not in entries]
-    if missing:
-        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
-        raise ValueError(f"{str(folder)!r} lacks {len(missing)} of the {len(configs)} requested architectures "
-                         f"(indices {shown}); expected a folder {{index}}/ or a file {{index}}.pth per architecture")
+    check_present(folder, entries, configs)
     return [(_load_converted if entries[config.index].is_dir() else _load_state_dict)(
         space, config, entries[config.index]) for config in configs]
 
@@ -152,6 +148,16 @@ def folder_entries(folder: str | Path) -> dict[int, Path]:
                                  f"and {path.name}")
             entries[int(name)] = path
     return entries
+
+
+def check_present(folder: str | Path, entries: Mapping[int, Path], configs: Sequence[NB201Config]) -> None:
+    """Refuses, naming how many and the first few, the ``configs`` that ``entries`` (the
+    folder's :func:`folder_entries`) lack."""
+    missing = [config.index for config in configs if config.index not in entries]
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        raise ValueError(f"{str(folder)!r} lacks {len(missing)} of the {len(configs)} requested architectures "
+                         f"(indices {shown}); expected a folder {{index}}/ or a file {{index}}.pth per architecture")
 
 
 def _load_state_dict(space: NB201Space, config: NB201Config, path: Path) -> dict:

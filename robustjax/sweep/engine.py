@@ -206,12 +206,8 @@ class Context:
             return [(spec, spec, {"model": spec, "params": zoo.count_params(self.model(spec)),
                                   "flops": int(zoo.count_flops(self.model(spec)))}) for spec in self.sweep.models]
         configs = [self.space.resolve(arch) for arch in archs]
-        if self.sweep.weights is not None and (missing := [c.index for c in configs
-                                                           if c.index not in self.folder_entries]):
-            shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
-            raise ValueError(f"--weights {self.sweep.weights} lacks {len(missing)} of the {len(configs)} requested "
-                             f"architectures (indices {shown}); expected a file {{index}}.pth or a folder {{index}}/ "
-                             "per architecture")
+        if self.sweep.weights is not None:
+            nas.standalone.check_present(self.sweep.weights, self.folder_entries, configs)
         return [(c.arch_id, str(nas.build.resolution(self.space, c)), nas.models.network_card(self.space, c))
                 for c in configs]
 
@@ -229,13 +225,13 @@ class Context:
         if self.sweep.space is None:
             (spec,) = arch_ids
             return Population.stack([self.model(spec)])
-        if self.sweep.weights is not None:
-            archs = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
-            return nas.standalone.from_networks(self.space, archs, self.standalone_weights(archs))
+        padded = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
+        if self.sweep.weights is not None:  # each file read once; the padding repeats the first network
+            weights = self.standalone_weights(arch_ids)
+            return nas.standalone.from_networks(self.space, padded, weights + weights[:1] * (size - len(weights)))
         if self.sweep.network_shards == 1 and choose_layout("auto", pad_to) == "exact":
             return exact_subnet(self.supernet, arch_ids[0], calibration=self.calibration)
-        archs = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
-        return from_supernet(self.supernet, archs, calibration=self.calibration)
+        return from_supernet(self.supernet, padded, calibration=self.calibration)
 
     def evaluate(self, arch_ids: Sequence[str], missing: dict[str, list[str]], *, pad_to: int, worker: str,
                  on_train: Callable[[str, StepReport], None] | None = None) -> Iterator[list[dict]]:
