@@ -115,12 +115,13 @@ def test_a_heartbeat_keeps_claims_past_their_lease_while_an_item_runs(tmp_path):
     store.set_items([("clean", "clean", {}, ("clean",))])
     store.add_networks([("n0", "b0", {}), ("n1", "b0", {})])
     alive, other = worker_id(), "elsewhere:1:x"
-    with store.heartbeat(alive, 0.4):
-        assert store.claim(alive, ["n0", "n1"], 0.4, lambda a: 2) == ["n0", "n1"]
-        time.sleep(1.2)  # three leases: an item longer than the lease
-        assert store.claim(other, ["n0", "n1"], 0.4, lambda a: 2) == []
-    time.sleep(0.6)  # no heartbeat: the lease runs out
-    assert store.claim(other, ["n0", "n1"], 0.4, lambda a: 2) == ["n0", "n1"]
+    # A 2 s lease renewed every 0.5 s: a busy machine would have to stall the thread 1.5 s.
+    with store.heartbeat(alive, 2.0):
+        assert store.claim(alive, ["n0", "n1"], 2.0, lambda a: 2) == ["n0", "n1"]
+        time.sleep(6.0)  # three leases: an item longer than the lease
+        assert store.claim(other, ["n0", "n1"], 2.0, lambda a: 2) == []
+    time.sleep(2.5)  # no heartbeat: the lease runs out
+    assert store.claim(other, ["n0", "n1"], 2.0, lambda a: 2) == ["n0", "n1"]
 
 
 @pytest.fixture(scope="module")
