@@ -3,7 +3,7 @@
     python -m benchmarks.nas --space nb201_digits --networks 64 --alone 8
     python -m benchmarks.nas --space bignas_resnet_basic_digits --networks 64 --alone 8
     python -m benchmarks.nas --space nb201 --networks 64 --alone 2 --torch 2   # CIFAR size, for a GPU
-    python -m benchmarks.nas --scale cifar     # CIFAR size on a CPU: 8 networks, 1 alone, 2 in torch
+    python -m benchmarks.nas --scale cifar     # CIFAR size on a CPU: 4 networks, 1 alone, 2 in torch
 
 The plan is clean accuracy, FGSM and PGD-10 (Linf, eps 0.1) on 256 test digits, each
 subnet sliced from the bundled supernet with batch norm recalibrated on 1,024 training
@@ -192,11 +192,12 @@ def main() -> None:
                         "(NB201 needs xautodl; 0: skip)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--scale", choices=["cifar"], help="cifar: --space nb201 --networks 8 --alone 1 --torch 2 "
-                        "--population-size 8 (NB201 C=16, N=5 on 32x32 random images, sized for a CPU)")
+    parser.add_argument("--scale", choices=["cifar"], help="cifar: --space nb201 --networks 4 --alone 1 --torch 2 "
+                        "--population-size 4 (NB201 C=16, N=5 on 32x32 random images, sized for a 2-core CPU: "
+                        "about 10 minutes)")
     args = parser.parse_args()
     if args.scale == "cifar":
-        args.space, args.networks, args.alone, args.torch, args.population_size = "nb201", 8, 1, 2, 8
+        args.space, args.networks, args.alone, args.torch, args.population_size = "nb201", 4, 1, 2, 4
     supernet, dataset, calibration = inputs(args.space)
     archs = supernet.space.sample(jax.random.key(0), args.networks)
     plan = plan_from_dict(PLAN)

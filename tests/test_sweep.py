@@ -240,6 +240,21 @@ def test_an_item_that_fails_on_one_network_is_recorded_and_the_sweep_goes_on(tmp
     assert {r["status"] for r in store.results()} == {"ok"} and len(list(store.results())) == 4
 
 
+def test_a_nas_network_among_models_carries_its_space_ids_so_its_row_joins_as_a_space_sweeps_does(tmp_path):
+    plan = plan_from_dict({"batch_size": 8, "num_examples": 8})
+    sweep = Sweep(plan, models=("nas.nb201_digits", "digits_mlp"))
+    store, ids = open_store(sweep, str(tmp_path / "s.sqlite"), sweep.models)
+    cards = {arch_id: card for arch_id, _, card in store.networks()}
+    space = rj.nas.space("nb201_digits")
+    default = space.resolve(rj.nas.models.DEFAULT_ARCH["nb201"])
+    assert cards["nas.nb201_digits"]["index"] == 11472 == space.index(default)
+    assert cards["nas.nb201_digits"]["canonical_index"] == space.canonical(default)
+    assert cards["nas.nb201_digits"]["macs"] == space.cost(default).macs
+    assert "index" not in cards["digits_mlp"]
+    rows = export.table(store).rows
+    assert rows[0]["index"] == 11472 and rows[0]["edge_1<-0"] == default.ops[0]
+
+
 def test_cli_export_formats_join_status_and_analysis(nb201_sweep, tmp_path, capsys):
     _, store, archs = nb201_sweep
     db = str(store.path)

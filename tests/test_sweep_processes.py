@@ -1,7 +1,8 @@
 """Sweeps as processes: `robustjax sweep run` killed with SIGKILL at random moments and rerun
 ends with every row exactly once and the values of an uninterrupted run; on a Ray cluster
 started here (loopback), the rows are the local executor's, they arrive as each item ends,
-and a worker killed in the middle of a task has its task retried without duplicates."""
+a worker killed in the middle of a task has its task retried without duplicates, and a
+second sweep's workers compile nothing (their shared compile cache holds every program)."""
 
 import os
 import signal
@@ -116,8 +117,9 @@ def test_ray_cluster_gives_the_local_rows_and_retries_a_killed_worker(workdir, r
                     "--include-dashboard=false", "--disable-usage-stats"], check=True, env=env, timeout=HANG_S,
                    capture_output=True)
     try:
-        db = workdir / "ray.sqlite"
-        process = subprocess.Popen(_command(db, workdir / "plan.toml", "--ray", f"127.0.0.1:{port}"), env=env)
+        db, cache = workdir / "ray.sqlite", workdir / "ray-xla"
+        ray_run = ("--ray", f"127.0.0.1:{port}", "--compile-cache", str(cache))
+        process = subprocess.Popen(_command(db, workdir / "plan.toml", *ray_run), env=env)
         while not _task_pids() and process.poll() is None:
             time.sleep(0.1)
         time.sleep(1.0)  # inside the task: loading, recalibrating or evaluating
@@ -132,5 +134,13 @@ def test_ray_cluster_gives_the_local_rows_and_retries_a_killed_worker(workdir, r
         assert _rows(db) == reference
         # rows arrive item by item (2 networks each), not only when a task's 3 items end
         assert any(count % (2 * ITEMS) for count in counts), counts
+        # the workers keep their programs in the shared cache (only they run the attacks), and
+        # a second sweep's workers find every program there: they compile nothing new
+        compiled = set(os.listdir(cache))
+        assert any(name.startswith("jit__attack_success") for name in compiled), sorted(compiled)
+        subprocess.run(_command(workdir / "again.sqlite", workdir / "plan.toml", *ray_run), check=True, env=env,
+                       timeout=HANG_S)
+        assert _rows(workdir / "again.sqlite") == reference
+        assert set(os.listdir(cache)) == compiled
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, timeout=HANG_S, capture_output=True)

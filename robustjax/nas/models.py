@@ -66,6 +66,16 @@ def network_card(space, arch: Any) -> dict:
     return card
 
 
+def zoo_card(spec: str) -> dict | None:
+    """The network card of zoo model ``spec`` when it is a NAS network (``nas.SPACE``, which
+    builds the space's default network), else None."""
+    space_name = spec.removeprefix("nas.")
+    if space_name == spec or space_name not in REGISTERED:
+        return None
+    space = get_space(space_name)
+    return network_card(space, default_arch(space))
+
+
 def embedded_supernet(space_name: str) -> Supernet:
     """The bundled supernet of a digits space (loaded once per process)."""
     return Supernet.load(asset_dir(EMBEDDED[space_name]), space=get_space(space_name))
@@ -102,6 +112,8 @@ def _register(space_name: str) -> None:
         return build.as_classifier(space, build.build_network(space, config, key=key), config, name=name)
 
 
-for _space_name in ("nb201", "nb201_digits", "bignas_resnet_basic", "bignas_resnet_bottleneck",
-                    "bignas_resnet_basic_cifar", "bignas_resnet_bottleneck_cifar", "bignas_resnet_basic_digits"):
+# The spaces whose networks the zoo builds as ``nas.SPACE``.
+REGISTERED = ("nb201", "nb201_digits", "bignas_resnet_basic", "bignas_resnet_bottleneck", "bignas_resnet_basic_cifar",
+              "bignas_resnet_bottleneck_cifar", "bignas_resnet_basic_digits")
+for _space_name in REGISTERED:
     _register(_space_name)

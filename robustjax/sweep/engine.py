@@ -113,16 +113,17 @@ def _digest(arrays: Sequence[np.ndarray]) -> str:
 
 
 class Context:
-    """A sweep's inputs, loaded once per process: the dataset and its batches, the items,
-    the supernet and calibration images, or the models."""
+    """A sweep's inputs, loaded once per process: the dataset, the items, the supernet and
+    calibration images, or the models. What only evaluating needs (the examples placed on
+    the devices, :attr:`runner`) is made on first use, so a driver that only defines the
+    store and hands out chunks (the Ray executor's) never makes it."""
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
         self.dataset = data.load(sweep.dataset, sweep.split, data_dir=sweep.data_dir)
         self.items = expand(sweep.plan)
         self.by_key = {item.key_for(sweep.plan): item for item in self.items}
-        self.runner = ItemRunner(self.dataset, sweep.plan,
-                                 DataParallel(sweep.plan.batch_size, network_shards=sweep.network_shards))
+        self.parallel = DataParallel(sweep.plan.batch_size, network_shards=sweep.network_shards)
         if sweep.space is not None and sweep.weights is not None:
             self.space = nas.space(sweep.space)
             self.folder_entries = nas.standalone.folder_entries(sweep.weights)
@@ -142,9 +143,16 @@ class Context:
             self.trained_networks = {n.arch_id: n for n in trained.grid(sweep.models, sweep.plan.training, sweep.dataset)}
 
     @functools.cached_property
+    def runner(self) -> ItemRunner:
+        """The items' runner, holding the evaluated examples as sharded batches."""
+        return ItemRunner(self.dataset, self.sweep.plan, self.parallel)
+
+    @functools.cached_property
     def data_key(self) -> str:
-        """A hash of every evaluated example (images and labels), in order."""
-        return _digest([np.asarray(a)[mask] for x, y, mask in self.runner.batches for a in (x, y)])
+        """A hash of every evaluated example (images and labels), in order, read on the host
+        batch by batch as the runner reads them."""
+        batches = self.dataset.batches(self.parallel.batch_size, limit=self.sweep.plan.num_examples)
+        return _digest([array for x, y in batches for array in (x, y)])
 
     @functools.cached_property
     def num_examples(self) -> int:
@@ -203,13 +211,20 @@ class Context:
         if self.sweep.training:
             return [(arch_id, n.name, trained.card(n)) for arch_id, n in self.trained_networks.items()]
         if self.sweep.space is None:
-            return [(spec, spec, {"model": spec, "params": zoo.count_params(self.model(spec)),
-                                  "flops": int(zoo.count_flops(self.model(spec)))}) for spec in self.sweep.models]
+            return [(spec, spec, self.model_card(spec)) for spec in self.sweep.models]
         configs = [self.space.resolve(arch) for arch in archs]
         if self.sweep.weights is not None:
             nas.standalone.check_present(self.sweep.weights, self.folder_entries, configs)
         return [(c.arch_id, str(nas.build.resolution(self.space, c)), nas.models.network_card(self.space, c))
                 for c in configs]
+
+    def model_card(self, spec: str) -> dict:
+        """The card of model ``spec``: its cost, and a NAS network's ids, ops and costs in
+        its space (``nas.models.network_card``), so its rows join as a space sweep's do."""
+        if (card := nas.models.zoo_card(spec)) is not None:
+            return {"model": spec} | card
+        return {"model": spec, "params": zoo.count_params(self.model(spec)),
+                "flops": int(zoo.count_flops(self.model(spec)))}
 
     def population(self, arch_ids: Sequence[str], pad_to: int) -> Population:
         """The networks ``arch_ids`` as one population of their bucket's population size
