@@ -21,8 +21,13 @@ Rows (random weights everywhere: throughput only, accuracies mean nothing):
   on the CPU, one image at a time, when it is importable; n/a otherwise.
 - ``nb201_population_pgd10``: one PGD-10 step of ``rj.nas`` populations: a population of
   NAS-Bench-201 subnets (C=16, N=5, one set of supernet weights, per-network op choices) attacks
-  one batch of CIFAR-size images in one program; networks/s. No peer (benchmarks/nas.py
-  compares with xautodl networks one at a time).
+  one batch of CIFAR-size images in one program; networks/s. No peer.
+- ``nb201_sweep_vs_torch``: ``benchmarks/nas.py`` at full CIFAR size (its ``--scale cifar``
+  on a CPU): 64 NB201 subnets (C=16, N=5, random weights) recalibrated on 1,024 images and
+  evaluated with clean, FGSM and PGD-10 on 256 random images as one population, against
+  xautodl's ``TinyNetwork`` with torchattacks one network at a time on the same GPU
+  (xautodl's wheel carried in ``benchmarks/wheels`` like torchattacks'); networks/s, the
+  peer's networks/s in ``peer_images_per_s``, compiles included.
 
 MFU = the model FLOPs a row needs / its seconds / the device's peak. A row's model FLOPs are
 counted from XLA's cost analysis of the compiled forward pass and input gradient of its model
@@ -50,6 +55,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import re
@@ -125,6 +131,10 @@ class Sizes:
     networks: int = 32
     population_batch: int = 128
     population_steps: int = 10
+    sweep_networks: int = 64  # the nb201_sweep_vs_torch row: networks, examples, calibration images, torch networks
+    sweep_examples: int = 256
+    sweep_calibration: int = 1024
+    sweep_torch: int = 2
     repeats: int = 2
     peer_repeats: int = 1
     matmul_size: int = 8192
@@ -134,7 +144,8 @@ SMOKE = Sizes(resnet="resnet18", resnet_layers=(1, 1, 1, 1), resnet_classes=10, 
               pgd_steps=(1, 2), eps=0.25, wrn=(10, 1), wrn_batch=4, cw_steps=3, apgd_steps=3, square_queries=10,
               autoattack_batch=2, autoattack_steps=2, autoattack_queries=10, corruption_size=32,
               corruption_batch=2, peer_corruption_images=1, nb201=(4, 1), networks=2, population_batch=4,
-              population_steps=1, repeats=1, peer_repeats=0, matmul_size=512)
+              population_steps=1, sweep_networks=2, sweep_examples=8, sweep_calibration=8,
+              sweep_torch=1, repeats=1, peer_repeats=0, matmul_size=512)
 
 
 # --- measurement helpers -------------------------------------------------------------------
@@ -532,16 +543,46 @@ def population_row(sizes: Sizes, peaks: dict) -> dict:
             "peer_images_per_s": None, "ratio": None}
 
 
+def sweep_row(sizes: Sizes, peaks: dict) -> dict:
+    """``benchmarks.nas`` over NB201 subnets of ``sizes.nb201``: a population against xautodl
+    and torchattacks one network at a time (``benchmarks.nas.measure``, no warm rows)."""
+    from benchmarks import nas
+
+    for wheel in sorted(WHEELS.glob("xautodl-*.whl"))[-1:]:  # the GPU machine has no registry
+        if importlib.util.find_spec("xautodl") is None and str(wheel) not in sys.path:
+            sys.path.insert(0, str(wheel))
+    channels, cells = sizes.nb201
+    space = rj.nas.NB201Space(channels=channels, cells_per_stage=cells)
+    plan = nas.PLAN | {"num_examples": sizes.sweep_examples, "batch_size": sizes.sweep_examples}
+    measured, compile_s = COMPILES.measure(lambda: nas.measure(
+        space, networks=sizes.sweep_networks, alone=1, torch=sizes.sweep_torch, population_size=sizes.sweep_networks,
+        plan=plan, calibration_images=sizes.sweep_calibration, warm=False))
+    rows = measured["results"]
+    per_s = rows["population"]["networks_per_hour"] / 3600
+    flop_per_network = rows["machine_ceiling"]["gflop_per_network"] * 1e9
+    peak = peaks["tflops"]["float32"] * 1e12
+    return {"name": "nb201_sweep_vs_torch", "kind": "population", "model": f"nb201 C={channels} N={cells}",
+            "precision": "float32", "batch": sizes.sweep_examples, "networks": sizes.sweep_networks,
+            "params": {"plan": plan, "calibration_images": sizes.sweep_calibration}, "form": "evaluate_population",
+            "robustjax_networks_per_s": per_s, "robustjax_images_per_s": per_s * sizes.sweep_examples,
+            "robustjax_s": rows["population"]["seconds"], "robustjax_compile_s": compile_s,
+            "mfu": per_s * flop_per_network / peak, "peak_tflops": peak / 1e12,
+            "mfu_note": "model FLOPs: each subnet's own MACs (the supernet layout runs more)",
+            "peer": "xautodl TinyNetwork + torchattacks, one network at a time (networks/s)",
+            "peer_images_per_s": rows["torch"]["networks_per_hour"] / 3600, "nas": measured}
+
+
 # --- driver --------------------------------------------------------------------------------
 
 BUDGET_S = float("inf")
 PARTIAL: Callable[[dict], None] = lambda row: None  # noqa: E731 - writes a row whose peer is still running
-ROW_NAMES = (*(r.name for r in ATTACK_ROWS), "wrn28_10_autoattack", "imagenet_c_15", "nb201_population_pgd10")
+ROW_NAMES = (*(r.name for r in ATTACK_ROWS), "wrn28_10_autoattack", "imagenet_c_15", "nb201_population_pgd10",
+             "nb201_sweep_vs_torch")
 # Run order: the rows with performance targets first, so that a spent budget skips the others.
 # AutoAttack, the longest (its torch peer above all), comes last.
 PRIORITY = ("resnet50_pgd10_bfloat16", "resnet50_pgd20_bfloat16", "resnet50_pgd10_float32",
             "resnet50_pgd20_float32", "wrn28_10_apgd_ce", "wrn28_10_cw_l2", "wrn28_10_square", "imagenet_c_15",
-            "nb201_population_pgd10", "wrn28_10_autoattack")
+            "nb201_population_pgd10", "nb201_sweep_vs_torch", "wrn28_10_autoattack")
 
 
 def default_wheel() -> Path | None:
@@ -645,6 +686,8 @@ def main() -> None:
                 row = corruption_row(sizes, peaks)
             elif name == "nb201_population_pgd10":
                 row = population_row(sizes, peaks)
+            elif name == "nb201_sweep_vs_torch":
+                row = sweep_row(sizes, peaks)
             else:
                 spec = next((r for r in ATTACK_ROWS if r.name == name), None) or AttackRow(
                     name, "wrn", "float32", None, None, jit=False, fixed_work=False)

@@ -64,16 +64,17 @@ PLAN = {"batch_size": 256, "num_examples": 256, "seed": 0,
 CALIBRATION_IMAGES = 1024
 
 
-def image_passes(plan: dict) -> int:
+def image_passes(plan: dict, calibration_images: int) -> int:
     """Forward-pass equivalents of the plan per network: batch-norm recalibration, the clean
     pass, and per attack its steps (forward and input gradient) and its final forward pass."""
     steps = sum(2 * attack.get("steps", 1) + 1 for attack in plan["attacks"])
-    return CALIBRATION_IMAGES + plan["num_examples"] * (1 + steps)
+    return calibration_images + plan["num_examples"] * (1 + steps)
 
 
-def machine_ceiling(space: rj.nas.SearchSpace, archs: list, peak_gflops: float) -> dict:
+def machine_ceiling(space: rj.nas.SearchSpace, archs: list, peak_gflops: float, plan: dict = PLAN,
+                    calibration_images: int = CALIBRATION_IMAGES) -> dict:
     """Networks per hour of ``archs`` under the plan at ``peak_gflops``, from their MACs."""
-    flops = 2 * float(np.mean([space.cost(arch).macs for arch in archs])) * image_passes(PLAN)
+    flops = 2 * float(np.mean([space.cost(arch).macs for arch in archs])) * image_passes(plan, calibration_images)
     seconds = flops / (peak_gflops * 1e9)
     return {"networks": len(archs), "seconds": round(seconds * len(archs), 1), "compiles": None,
             "networks_per_hour": round(3600 / seconds), "gflop_per_network": round(flops / 1e9, 2),
@@ -111,18 +112,24 @@ def torch_network(supernet: rj.nas.Supernet, config):
     return load_robustjax_weights(net, weights)
 
 
-def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarray, dataset, threads: int) -> float:
-    """Seconds to recalibrate and evaluate ``configs`` one at a time in PyTorch + torchattacks."""
+def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarray, dataset, threads: int,
+                plan: dict = PLAN) -> float:
+    """Seconds to recalibrate and evaluate ``configs`` one at a time in PyTorch + torchattacks
+    (on the GPU when JAX runs on one, ``benchmarks.common.torch_device``)."""
     import torch
     import torchattacks
 
+    from benchmarks.common import synchronized, torch_device
+
     torch.set_num_threads(threads)
+    device = torch_device()
     space = supernet.space
-    x, y = dataset.arrays(limit=PLAN["num_examples"])
-    images, labels = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()), torch.from_numpy(y.astype(np.int64))
-    calib = torch.from_numpy(calibration.transpose(0, 3, 1, 2).copy())
-    mean = torch.tensor(space.mean).view(1, -1, 1, 1)
-    std = torch.tensor(space.std).view(1, -1, 1, 1)
+    x, y = dataset.arrays(limit=plan["num_examples"])
+    images = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)
+    labels = torch.from_numpy(y.astype(np.int64)).to(device)
+    calib = torch.from_numpy(calibration.transpose(0, 3, 1, 2).copy()).to(device)
+    mean = torch.tensor(space.mean).view(1, -1, 1, 1).to(device)
+    std = torch.tensor(space.std).view(1, -1, 1, 1).to(device)
 
     class Model(torch.nn.Module):  # [0, 1] images in, logits out
         def __init__(self, net):
@@ -135,7 +142,7 @@ def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarra
 
     start = time.perf_counter()
     for config in configs:
-        model = Model(torch_network(supernet, config))
+        model = Model(torch_network(supernet, config)).to(device)
         model.train()
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
@@ -151,7 +158,7 @@ def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarra
                        torchattacks.PGD(model, eps=0.1, alpha=0.025, steps=10, random_start=True)):
             adversarial = attack(images, labels)
             with torch.no_grad():
-                (model(adversarial).argmax(1) == labels).float().mean()
+                synchronized((model(adversarial).argmax(1) == labels).float().mean())
     return time.perf_counter() - start
 
 
@@ -164,20 +171,74 @@ def fitting_sizes(supernet: rj.nas.Supernet, archs: list, dataset, plan, calibra
             for item in expand(plan)}
 
 
-def inputs(space_name: str):
-    """The supernet, evaluated set and 1,024 calibration images of a benchmark space: the
-    bundled digits supernets on the digits, or a random CIFAR-size NB201 supernet on random
-    images (accuracies then mean nothing; the work per network is that of CIFAR-10)."""
-    if space_name in rj.nas.models.EMBEDDED:
-        return (rj.nas.models.embedded_supernet(space_name), rj.data.digits("test"),
-                rj.nas.calibration_subset(rj.data.digits("train"), CALIBRATION_IMAGES))
-    space = rj.nas.space(space_name)
+def inputs(space: str | rj.nas.SearchSpace, num_examples: int, calibration_images: int):
+    """The supernet, evaluated set and calibration images of a benchmark space: the bundled
+    digits supernets on the digits, or a random supernet of another space (by name, or a
+    space itself) on random images (accuracies then mean nothing; the work per network is
+    that of the space's own dataset)."""
+    if isinstance(space, str) and space in rj.nas.models.EMBEDDED:
+        return (rj.nas.models.embedded_supernet(space), rj.data.digits("test"),
+                rj.nas.calibration_subset(rj.data.digits("train"), calibration_images))
+    space = rj.nas.space(space) if isinstance(space, str) else space
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (PLAN["num_examples"] + CALIBRATION_IMAGES, *space.input_shape), dtype=np.uint8)
-    labels = rng.integers(0, space.num_classes, PLAN["num_examples"])
-    dataset = rj.data.from_arrays(images[:PLAN["num_examples"]], labels, num_classes=space.num_classes,
-                                  name="random CIFAR-size images")
-    return rj.nas.Supernet.create(space, key=jax.random.key(0)), dataset, images[PLAN["num_examples"]:].astype(np.float32) / 255
+    images = rng.integers(0, 256, (num_examples + calibration_images, *space.input_shape), dtype=np.uint8)
+    labels = rng.integers(0, space.num_classes, num_examples)
+    dataset = rj.data.from_arrays(images[:num_examples], labels, num_classes=space.num_classes,
+                                  name="random images of the space's input size")
+    return rj.nas.Supernet.create(space, key=jax.random.key(0)), dataset, images[num_examples:].astype(np.float32) / 255
+
+
+def measure(space: str | rj.nas.SearchSpace, *, networks: int, alone: int, torch: int, population_size: int,
+            threads: int = 2, plan: dict = PLAN, calibration_images: int = CALIBRATION_IMAGES,
+            warm: bool = True) -> dict:
+    """The benchmark's rows (population, alone, their warm twins when ``warm``, torch when
+    ``torch`` > 0, the machine's ceiling), the population's ratio over each, whether the
+    shared networks' results agree, the population size each item runs at, compiles and
+    the process's peak memory."""
+    supernet, dataset, calibration = inputs(space, plan["num_examples"], calibration_images)
+    archs = supernet.space.sample(jax.random.key(0), networks)
+    parsed = plan_from_dict(plan)
+    sizes = fitting_sizes(supernet, archs[:population_size], dataset, parsed, calibration)
+    counter = CompileCounter()
+
+    start, compiles = time.perf_counter(), counter.count
+    population = evaluate_population(supernet, archs, dataset, parsed, calibration=calibration,
+                                     population_size=population_size)
+    population_s, population_compiles = time.perf_counter() - start, counter.count - compiles
+
+    start, compiles = time.perf_counter(), counter.count
+    alone_reports = [evaluate(supernet.subnet(arch, calibration=calibration), dataset, parsed)
+                     for arch in archs[:alone]]
+    alone_s, alone_compiles = time.perf_counter() - start, counter.count - compiles
+
+    def row(count: int, seconds: float, compiles: int | None) -> dict:
+        return {"networks": count, "seconds": round(seconds, 1), "compiles": compiles,
+                "networks_per_hour": round(count / seconds * 3600)}
+
+    rows = {"population": row(networks, population_s, population_compiles), "alone": row(alone, alone_s, alone_compiles)}
+    if warm:
+        start = time.perf_counter()
+        evaluate_population(supernet, archs, dataset, parsed, calibration=calibration, population_size=population_size)
+        rows["population_warm"] = row(networks, time.perf_counter() - start, 0)
+        subnets = [supernet.subnet(arch, calibration=calibration) for arch in archs[:alone]]
+        for subnet in subnets:
+            evaluate(subnet, dataset, parsed)
+        start = time.perf_counter()
+        for subnet in subnets:  # the recalibration as in the alone row, then the plan: compiled already
+            supernet.subnet(subnet.name, calibration=calibration)
+            evaluate(subnet, dataset, parsed)
+        rows["alone_warm"] = row(alone, time.perf_counter() - start, 0)
+    if torch:
+        rows["torch"] = row(torch, torch_alone(supernet, archs[:torch], calibration, dataset, threads, plan), None)
+    rows["machine_ceiling"] = machine_ceiling(supernet.space, archs, matmul_peak_gflops(), plan, calibration_images)
+    agree = all(p["clean_accuracy"] == a["clean"]["accuracy"]
+                and [x["robust_accuracy"] for x in p["attacks"]] == [x["robust_accuracy"] for x in a["attacks"]]
+                for p, a in zip(population, alone_reports))
+    return {"results": rows, "population_over": {name: round(rows["population"]["networks_per_hour"]
+                                                             / r["networks_per_hour"], 2)
+                                                 for name, r in rows.items() if name != "population"},
+            "results_equal": agree, "population_size_run": sizes,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
 def main() -> None:
@@ -198,53 +259,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.scale == "cifar":
         args.space, args.networks, args.alone, args.torch, args.population_size = "nb201", 4, 1, 2, 4
-    supernet, dataset, calibration = inputs(args.space)
-    archs = supernet.space.sample(jax.random.key(0), args.networks)
-    plan = plan_from_dict(PLAN)
-    sizes = fitting_sizes(supernet, archs[:args.population_size], dataset, plan, calibration)
-    counter = CompileCounter()
-
-    start, compiles = time.perf_counter(), counter.count
-    population = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
-                                     population_size=args.population_size)
-    population_s, population_compiles = time.perf_counter() - start, counter.count - compiles
-
-    start, compiles = time.perf_counter(), counter.count
-    alone = [evaluate(supernet.subnet(arch, calibration=calibration), dataset, plan) for arch in archs[:args.alone]]
-    alone_s, alone_compiles = time.perf_counter() - start, counter.count - compiles
-
-    start = time.perf_counter()
-    evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=args.population_size)
-    population_warm_s = time.perf_counter() - start
-    subnets = [supernet.subnet(arch, calibration=calibration) for arch in archs[:args.alone]]
-    for subnet in subnets:
-        evaluate(subnet, dataset, plan)
-    start = time.perf_counter()
-    for subnet in subnets:  # the recalibration as in the alone row, then the plan: compiled already
-        supernet.subnet(subnet.name, calibration=calibration)
-        evaluate(subnet, dataset, plan)
-    alone_warm_s = time.perf_counter() - start
-
-    agree = all(p["clean_accuracy"] == a["clean"]["accuracy"]
-                and [x["robust_accuracy"] for x in p["attacks"]] == [x["robust_accuracy"] for x in a["attacks"]]
-                for p, a in zip(population, alone))
-    rows = {
-        "population": {"networks": args.networks, "seconds": round(population_s, 1), "compiles": population_compiles,
-                       "networks_per_hour": round(args.networks / population_s * 3600)},
-        "alone": {"networks": args.alone, "seconds": round(alone_s, 1), "compiles": alone_compiles,
-                  "networks_per_hour": round(args.alone / alone_s * 3600)},
-    }
-    rows["population_warm"] = {"networks": args.networks, "seconds": round(population_warm_s, 1), "compiles": 0,
-                               "networks_per_hour": round(args.networks / population_warm_s * 3600)}
-    rows["alone_warm"] = {"networks": args.alone, "seconds": round(alone_warm_s, 1), "compiles": 0,
-                          "networks_per_hour": round(args.alone / alone_warm_s * 3600)}
-    if args.torch:
-        torch_s = torch_alone(supernet, archs[:args.torch], calibration, dataset, args.threads)
-        rows["torch"] = {"networks": args.torch, "seconds": round(torch_s, 1), "compiles": None,
-                         "networks_per_hour": round(args.torch / torch_s * 3600)}
-    rows["machine_ceiling"] = machine_ceiling(supernet.space, archs, matmul_peak_gflops())
-    ratios = {name: round(rows["population"]["networks_per_hour"] / row["networks_per_hour"], 2)
-              for name, row in rows.items() if name != "population"}
+    measured = measure(args.space, networks=args.networks, alone=args.alone, torch=args.torch,
+                       population_size=args.population_size, threads=args.threads)
+    rows = measured["results"]
     if args.torch:
         print(f"the machine's ceiling is {rows['machine_ceiling']['networks_per_hour'] / rows['torch']['networks_per_hour']:.1f}x "
               f"torch's networks per hour ({rows['machine_ceiling']['gflop_per_network']} GFLOP per network at "
@@ -252,18 +269,18 @@ def main() -> None:
     for name, row in rows.items():
         print(f"{name:12s} {row['networks']:5d} networks  {row['seconds']:8.1f} s  {row['compiles'] or '-':>5} compiles  "
               f"{row['networks_per_hour']:8d} networks/hour")
-    print(f"population over the others (networks per hour): {ratios}; results equal on the shared networks: {agree}")
-    print(f"population size each item runs at: {sizes}; peak memory "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    print(f"population over the others (networks per hour): {measured['population_over']}; results equal on the "
+          f"shared networks: {measured['results_equal']}")
+    print(f"population size each item runs at: {measured['population_size_run']}; peak memory "
+          f"{measured['peak_rss_mib']} MiB")
     args.out.mkdir(parents=True, exist_ok=True)
     facts = machine_facts(())
     path = args.out / f"nas_{args.space}.{facts['backend']}.json"
     path.write_text(json.dumps({
         "benchmark": "nas", "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": facts, "settings": {"space": args.space, "plan": PLAN, "population_size": args.population_size,
-                                       "calibration_images": CALIBRATION_IMAGES},
-        "results": rows, "population_over": ratios, "results_equal": agree, "population_size_run": sizes,
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}, indent=2) + "\n")
+                                       "calibration_images": CALIBRATION_IMAGES, "scale": args.scale},
+        **measured}, indent=2) + "\n")
     print(f"written to {path}")
 
 

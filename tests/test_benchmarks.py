@@ -29,7 +29,8 @@ def test_accelerator_benchmark_smoke_writes_every_row(tmp_path):
     rows = {row["name"]: row for row in payload["results"]}
     assert set(rows) == {"resnet50_pgd10_float32", "resnet50_pgd20_float32", "resnet50_pgd10_bfloat16",
                          "resnet50_pgd20_bfloat16", "wrn28_10_cw_l2", "wrn28_10_apgd_ce", "wrn28_10_square",
-                         "wrn28_10_autoattack", "imagenet_c_15", "nb201_population_pgd10"}
+                         "wrn28_10_autoattack", "imagenet_c_15", "nb201_population_pgd10",
+                         "nb201_sweep_vs_torch"}
     assert payload["machine"]["peaks"]["tflops"]["float32"] > 0
     for row in rows.values():
         assert "error" not in row and "skipped" not in row, row
@@ -37,3 +38,5 @@ def test_accelerator_benchmark_smoke_writes_every_row(tmp_path):
         if row["kind"] == "attack":
             assert row["peer"].startswith("torchattacks") and row["peer_images_per_s"] > 0 and row["ratio"] > 0, row
     assert rows["nb201_population_pgd10"]["robustjax_networks_per_s"] > 0
+    sweep = rows["nb201_sweep_vs_torch"]
+    assert sweep["peer_images_per_s"] > 0 and sweep["ratio"] > 0 and sweep["nas"]["results_equal"] is True, sweep
