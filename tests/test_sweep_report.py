@@ -48,8 +48,14 @@ def swept(tmp_path_factory):
     sweep = Sweep(_plan(), space="nb201_digits", population_size=4, calibration_images=256)
     path = tmp_path_factory.mktemp("sweep") / "s.sqlite"
     store, ids = open_store(sweep, str(path), ARCHS)
-    run_local(sweep, store, ids, worker=worker_id())
-    return sweep, store, path, ids
+    runner = engine.context(sweep).runner
+    population_runs, run = [], runner.run
+    runner.run = lambda item, *rest: population_runs.append(item.kind) or run(item, *rest)
+    try:
+        run_local(sweep, store, ids, worker=worker_id())
+    finally:
+        runner.run = run
+    return sweep, store, path, ids, population_runs
 
 
 def _stored_report(store, arch_id):
@@ -60,7 +66,7 @@ def _stored_report(store, arch_id):
 
 
 def test_each_networks_report_equals_evaluate_of_that_network_alone(swept):
-    sweep, store, _, ids = swept
+    sweep, store, _, ids, _ = swept
     context = engine.context(sweep)
     rows = {(r["arch_id"], r["item_key"]): r for r in store.results()}
     assert all(row["status"] == "ok" for row in rows.values()) and len(rows) == len(ids) * len(context.items)
@@ -71,7 +77,7 @@ def test_each_networks_report_equals_evaluate_of_that_network_alone(swept):
         stored = _stored_report(store, arch_id)
         assert figures(stored) == figures(alone) and stored["status"] == "complete"
         assert {s["name"] for s in stored["sanity"]["checks"]} and stored["metrics"]["status"] == "ok"
-        # the population's attack rows and the network's own report agree, entry by entry
+        # the attack rows and the network's own report agree, entry by entry
         attacks = {f"{a['name']} eps={a['params']['eps']:g}": a["robust_accuracy"] for a in stored["attacks"]}
         for key, item in context.by_key.items():
             if item.kind == "attack":
@@ -79,8 +85,28 @@ def test_each_networks_report_equals_evaluate_of_that_network_alone(swept):
                     assert rows[(arch_id, key)]["figures"][label] == pytest.approx(attacks[label], abs=1e-12)
 
 
+def test_the_networks_evaluation_gives_its_item_rows_once_equal_to_a_populations(swept, tmp_path):
+    """The report item's evaluation records the clean, attack and corruption outcomes: the
+    sweep runs no population for them, and its rows equal those of a sweep of the same
+    items without per-network sections, which runs them as one population."""
+    sweep, store, _, ids, population_runs = swept
+    assert population_runs == []
+    raw = {"batch_size": 16, "num_examples": 32, "seed": 0, "attacks": [
+        {"name": "fgsm", "eps": 0.1}, {"name": "pgd", "norm": "linf", "eps": [0.1, 0.2], "steps": 2}],
+        "corruptions": {"names": ["brightness"], "severities": [3]}}  # a baseline changes no outcome
+    plain = Sweep(plan_from_dict(raw), space="nb201_digits", population_size=4, calibration_images=256)
+    other, _ = open_store(plain, str(tmp_path / "plain.sqlite"), ARCHS)
+    run_local(plain, other, ids, worker=worker_id())
+    populated = {(r["arch_id"], r["item_key"]): r for r in other.results()}
+    reported = {(r["arch_id"], r["item_key"]): r for r in store.results()}
+    assert len(populated) == len(ids) * 4  # clean, fgsm, pgd (both epsilons), brightness 3; no report item
+    for key, row in populated.items():
+        assert reported[key]["figures"] == row["figures"], key
+        np.testing.assert_array_equal(reported[key]["outcome"], row["outcome"], err_msg=str(key))
+
+
 def test_export_has_the_metrics_and_checks_as_columns(swept):
-    _, store, _, ids = swept
+    _, store, _, ids, _ = swept
     table = export.table(store)
     for row, arch_id in zip(table.rows, ids):
         metrics = {e["name"]: e["value"] for e in _stored_report(store, arch_id)["metrics"]["results"]}
@@ -90,7 +116,7 @@ def test_export_has_the_metrics_and_checks_as_columns(swept):
 
 
 def test_report_db_arch_renders_the_networks_report(swept, tmp_path, capsys):
-    _, store, path, ids = swept
+    _, store, path, ids, _ = swept
     out = tmp_path / "one"
     assert main(["report", "--db", str(path), "--arch", ids[1], "--out", str(out)]) == 0
     assert json.loads((out / "report.json").read_text()) == _stored_report(store, ids[1])
@@ -101,7 +127,7 @@ def test_report_db_arch_renders_the_networks_report(swept, tmp_path, capsys):
 
 
 def test_a_rerun_finds_every_report_stored(swept):
-    sweep, store, _, ids = swept
+    sweep, store, _, ids, _ = swept
     before = store.status()["rows"]
     run_local(sweep, store, ids, worker=worker_id())
     assert store.status()["rows"] == before

@@ -14,7 +14,10 @@ The sections a population's one program does not run ([metrics], [natural_shift]
 [sanity] when enabled) form one more item, ``report``: each network, alone, is evaluated by
 ``robustjax evaluate``'s runner with the whole plan; its figures are the report's metric
 values, natural-shift figures and check verdicts, and its record the network's evaluation
-items (``resume`` records), from which ``robustjax report --db`` renders its report.
+items (``resume`` records), from which ``robustjax report --db`` renders its report. That
+evaluation records the clean, attack, corruption and sequence outcomes too
+(``evaluation.records``), so a sweep takes those items' rows from it rather than running
+them again in a population.
 
 An item's ``key`` hashes what its outcome depends on: its settings, the plan's seed, batch
 size (attack keys are drawn per batch) and precision. Random keys are those of

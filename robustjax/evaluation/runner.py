@@ -374,10 +374,11 @@ def _sequence_item(name: str, index: int, preset: str, run: SequenceRun, classif
                                            difficulty=run.difficulty, preset=preset)
             flips.append(to_host(out["flip_rate_per_sequence"])[mask])
             top5.append(to_host(out["top5_distance_per_sequence"])[mask])
+    flips, top5 = np.concatenate(flips), np.concatenate(top5)
     result = {"name": name, "family": noise.sequences.get(name).family,
-              "flip_probability": float(np.concatenate(flips).mean()),
-              "top5_distance": float(np.concatenate(top5).mean())}
-    return Finished({"results": [result], "seconds": dataclasses.asdict(timing)})
+              "flip_probability": float(flips.mean()), "top5_distance": float(top5.mean())}
+    return Finished({"results": [result], "seconds": dataclasses.asdict(timing)},
+                    {"flip_rate": flips, "top5_distance": top5})
 
 
 def sequence_section(
@@ -391,7 +392,7 @@ def sequence_section(
     classifier = parallel.replicate(classifier)
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
-    seconds = _named_items(scoped(store, _scope(plan, run)), "sequence", run.names, section, on_progress, on_step,
+    seconds = _named_items(scoped(store, sequence_scope(plan)), "sequence", run.names, section, on_progress, on_step,
                            num_batches(dataset, plan, parallel),
                            lambda index, name, step: _sequence_item(name, index, preset, run, classifier, dataset,
                                                                     plan, parallel, step))
@@ -507,6 +508,12 @@ def corruption_scope(plan: Plan) -> dict:
     """The scope (``resume.Scoped``) in which ``corruption-{index}-{name}`` names each
     corruption's item."""
     return _scope(plan, plan.corruptions)
+
+
+def sequence_scope(plan: Plan) -> dict:
+    """The scope (``resume.Scoped``) in which ``sequence-{index}-{name}`` names each
+    perturbation's item."""
+    return _scope(plan, plan.sequences)
 
 
 def item_names(plan: Plan) -> dict[str, str]:

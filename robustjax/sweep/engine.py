@@ -30,6 +30,7 @@ import numpy as np
 
 from robustjax import data, nas, zoo
 from robustjax.classifier import Classifier
+from robustjax.evaluation import records
 from robustjax.evaluation.items import (
     REPORT,
     Item,
@@ -252,11 +253,19 @@ class Context:
                  on_train: Callable[[str, StepReport], None] | None = None) -> Iterator[list[dict]]:
         """Rows of every (network, item) in ``missing`` (item key -> arch ids), item by item,
         once the trained networks among ``arch_ids`` have trained (``on_train`` receives
-        their steps; a training that fails stops the sweep, and a rerun resumes it)."""
-        wanted = {key: ids for key, ids in missing.items() if ids}
+        their steps; a training that fails stops the sweep, and a rerun resumes it). A
+        network that lacks the ``report`` item comes first, alone, with the rows of the items
+        its evaluation recorded; the population runs only the (network, item) pairs left."""
+        wanted = {key: list(ids) for key, ids in missing.items() if ids}
         if not wanted:
             return
         self.train(arch_ids, on_train)
+        if report_key := self.report_key(wanted):
+            for arch_id in wanted.pop(report_key):
+                yield self._report_rows(report_key, arch_id, wanted, worker)
+        wanted = {key: ids for key, ids in wanted.items() if ids}
+        if not wanted:
+            return
         started = time.perf_counter()
         try:
             population = self.population(arch_ids, pad_to)
@@ -266,10 +275,18 @@ class Context:
             return
         setup = time.perf_counter() - started
         for key, ids in wanted.items():
-            if self.by_key[key].kind == REPORT:  # each network alone, committed as it finishes
-                yield from ([self._report_row(key, arch_id, worker)] for arch_id in ids)
-            else:
-                yield self._item_rows(population, self.by_key[key], key, ids, worker, setup / len(wanted))
+            yield self._item_rows(population, self.by_key[key], key, ids, worker, setup / len(wanted))
+
+    def report_key(self, missing: dict[str, list[str]]) -> str | None:
+        """The key of the plan's ``report`` item when some network of ``missing`` lacks it."""
+        return next((key for key, ids in missing.items() if ids and self.by_key[key].kind == REPORT), None)
+
+    def units(self, missing: dict[str, list[str]]) -> int:
+        """The steps :meth:`evaluate` yields for ``missing``: one per network lacking the
+        ``report`` item, and one per other item that some other network lacks."""
+        reported = set(missing.get(self.report_key(missing), ()))
+        return len(reported) + sum(1 for key, ids in missing.items()
+                                   if self.by_key[key].kind != REPORT and set(ids) - reported)
 
     def alone(self, arch_id: str) -> Classifier:
         """Network ``arch_id`` as a classifier of its own; a supernet's subnet at its own
@@ -302,22 +319,30 @@ class Context:
         except ValueError:
             return None
 
-    def _report_row(self, key: str, arch_id: str, worker: str) -> dict:
+    def _report_rows(self, key: str, arch_id: str, missing: dict[str, list[str]], worker: str) -> list[dict]:
         """The ``report`` item of one network: ``robustjax evaluate``'s runner on the network
         alone with the whole plan; the row's figures are the report's (``report_figures``),
-        its record every evaluation item and, as item ``report``, the report itself."""
+        its record every evaluation item and, as item ``report``, the report itself. With it,
+        the rows of the network's other ``missing`` items whose outcomes the evaluation
+        recorded (``records.outcome``); the network leaves those items' lists in ``missing``."""
         started = time.perf_counter()
         try:
             network = self.alone(arch_id)
-            records = MemoryStore()
+            stored = MemoryStore()
             report = evaluate(network, self.dataset, report_plan(self.sweep.plan), profile=self.profile,
-                              reference=self.reference, store=records)
-            records.save(REPORT, Finished(report))
+                              reference=self.reference, store=stored)
+            stored.save(REPORT, Finished(report))
         except Exception as error:  # recorded for this network; the sweep goes on
-            return self._failed(arch_id, key, error, worker, time.perf_counter() - started)
-        return {"arch_id": arch_id, "item_key": key, "status": "ok", "figures": report_figures(report),
-                "outcome": records.snapshot(), "examples": 0, "error": None,
-                "seconds": time.perf_counter() - started, "worker": worker}
+            return [self._failed(arch_id, key, error, worker, time.perf_counter() - started)]
+        rows = [{"arch_id": arch_id, "item_key": key, "status": "ok", "figures": report_figures(report),
+                 "outcome": stored.snapshot(), "examples": 0, "error": None,
+                 "seconds": time.perf_counter() - started, "worker": worker}]
+        for item_key, ids in missing.items():
+            item = self.by_key[item_key]
+            if arch_id in ids and (outcome := records.outcome(self.sweep.plan, self.items, item, stored)) is not None:
+                rows.append(self._ok(arch_id, item_key, item, outcome, worker, 0.0))
+                ids.remove(arch_id)
+        return rows
 
     def _item_rows(self, population: Population, item: Item, key: str, ids: list[str], worker: str,
                    setup: float) -> list[dict]:
@@ -401,13 +426,13 @@ def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: s
     with store.heartbeat(worker, lease_s):  # the claims live while an item or a training runs
         while chunk := store.claim(worker, list(selection), lease_s, size_of):
             missing = store.missing(chunk)
-            units = sum(len(ids) if ctx.by_key[key].kind == REPORT else 1 for key, ids in missing.items() if ids)
+            units = ctx.units(missing)
             try:
                 for done, rows in enumerate(ctx.evaluate(chunk, missing, pad_to=size_of(chunk[0]), worker=worker,
                                                          on_train=on_train), start=1):
                     store.commit(rows)
                     if on_item is not None:
-                        on_item(chunk, done / units)
+                        on_item(chunk, min(1.0, done / units))
             finally:  # a chunk that raised is free again at once, for a rerun in this process too
                 store.release(worker, chunk)
             if on_chunk is not None:
