@@ -3,7 +3,7 @@
 ``evaluate`` keeps, per item it runs, the per-example records the population items record
 (``evaluation.items``): the clean pass's correctness, each attack entry's correctness under
 attack per epsilon, each corruption's per severity, each perturbation's flip rate and top-5
-distance per sequence. A sweep whose plan evaluates every network alone anyway (its
+distance per sequence, the system noise's correctness per variant. A sweep whose plan evaluates every network alone anyway (its
 ``report`` item: the metrics, natural shift, the checks) reads those items' outcomes from
 that one evaluation instead of running them a second time in a population. The outcome is
 the population item's own: an example counts as robust to an attack only when it is also
@@ -23,7 +23,7 @@ from robustjax.evaluation.runner import corruption_scope, item_names, sequence_s
 def outcome(plan: Plan, items: list[Item], item: Item, records: ItemStore | MemoryStore) -> np.ndarray | None:
     """``item``'s (figures, examples) outcome from ``records`` (one network's evaluation of
     ``plan``, whose items ``items`` is: ``items.expand(plan)``), or None when the records do
-    not hold it (an item that failed, a system-noise item: its record keeps accuracies only)."""
+    not hold it (an item that failed, or a record of an older version without the arrays)."""
     names = item_names(plan)
     clean = records.load(names["clean"])
     if clean is None:
@@ -47,4 +47,10 @@ def outcome(plan: Plan, items: list[Item], item: Item, records: ItemStore | Memo
         if record is None or "flip_rate" not in record.arrays:  # stored by an older version
             return None
         return np.stack([record.arrays["flip_rate"], record.arrays["top5_distance"]])
+    if item.kind == "system_noise":
+        record = records.load(names["system_noise"])
+        if record is None or "correct" not in record.arrays:  # stored by an older version
+            return None
+        variants = [(v.decoder, v.resize) for v in plan.system_noise.variants()]
+        return record.arrays["correct"][variants.index((item.settings["decoder"], item.settings["resize"]))][None]
     return None

@@ -404,12 +404,13 @@ def sequence_section(
     return section
 
 
-def system_noise_section(run: SystemNoiseRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
-                         step: Step = UNTRACKED) -> dict:
+def system_noise_item(run: SystemNoiseRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
+                      step: Step = UNTRACKED) -> Finished:
     """Accuracy under every decoder x resize variant (RobustART's ImageNet-S) and its mean,
-    standard deviation and negative standard deviation. The evaluated images are encoded
-    as JPEG at ``run.quality``, then each variant decodes, resizes and centre-crops them back
-    to the model's input size. ``step`` advances once, at the end."""
+    standard deviation and negative standard deviation, with the per-example correctness
+    behind it, (variants, examples). The evaluated images are encoded as JPEG at
+    ``run.quality``, then each variant decodes, resizes and centre-crops them back to the
+    model's input size. ``step`` advances once, at the end."""
     x, y = dataset.arrays(limit=plan.num_examples)
     encoded = [jpeg_bytes(image, run.quality) for image in x]
     section = {"status": "running", **run.as_dict()}
@@ -422,7 +423,7 @@ def system_noise_section(run: SystemNoiseRun, classifier: Classifier, dataset: I
                           for name, accuracy in result.accuracy.items()]
     section.update(mean_accuracy=result.mean, std_accuracy=result.std, negative_std=result.negative_std,
                    timing=timing.as_dict(len(variants) * len(y)), status="ok")
-    return section
+    return Finished(section, {"correct": np.stack([result.correct[name] for name in result.accuracy])})
 
 
 def num_evaluated(dataset: ImageDataset, plan: Plan) -> int:
@@ -682,19 +683,20 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
             publish("natural_shift"), scoped(store, _common(plan) | {"natural_shift": plan.natural_shift.as_dict()}),
             on_step))
 
-    def stored_or_failed(part: str, settings: dict, units: tuple[int, str], compute: Callable[[Step], dict]) -> None:
+    def stored_or_failed(part: str, settings: dict, units: tuple[int, str],
+                         compute: Callable[[Step], Finished]) -> None:
         """Publishes a section that is one item of ``store`` and one step of ``units`` (count
         and name; count 0: the section sets it); one that raises is recorded as failed with
         ``settings`` and its error, like a failed attack, and the plan goes on."""
         try:
             with progress.step(on_step, part.replace("_", " "), *units) as step:
-                section = run_item(store, names[part], lambda: Finished(compute(step))).section
+                section = run_item(store, names[part], lambda: compute(step)).section
             publish(part)(section)
         except Exception as error:  # recorded in the report
             publish(part)(failed(settings, error))
 
     if plan.system_noise is not None:
-        stored_or_failed("system_noise", plan.system_noise.as_dict(), (1, "passes"), lambda step: system_noise_section(
+        stored_or_failed("system_noise", plan.system_noise.as_dict(), (1, "passes"), lambda step: system_noise_item(
             plan.system_noise, classifier, dataset, plan, step))
     if plan.metrics is not None:
         try:
@@ -703,8 +705,8 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
             publish("metrics")(failed({"settings": plan.metrics.as_dict()}, error))
     if plan.sanity.enabled is not False:  # after the metrics: the black-box check reads their transfer accuracy
         stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, (len(sanity.MODEL_CHECKS) + 1, "checks"),
-                         lambda step: sanity.sanity_section(classifier, dataset, plan, parallel, report,
-                                                            clean_correct, step=step))
+                         lambda step: Finished(sanity.sanity_section(classifier, dataset, plan, parallel, report,
+                                                                     clean_correct, step=step)))
     failed_parts = any(section["status"] != "ok" for section in report["attacks"])
     failed_parts |= any(report[part] is not None and report[part]["status"] != "ok"
                         for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity", "natural_shift"))

@@ -216,21 +216,23 @@ class SystemNoiseReport:
       mean: mean accuracy over the variants.
       std: population standard deviation of the accuracies.
       negative_std: ``-std``, RobustART's score (higher is more robust).
+      correct: variant name -> per-image correctness (bool), when it was recorded.
     """
 
     accuracy: dict[str, float]
     mean: float
     std: float
     negative_std: float
+    correct: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
-def summarize(accuracy: dict[str, float]) -> SystemNoiseReport:
+def summarize(accuracy: dict[str, float], correct: dict[str, np.ndarray] | None = None) -> SystemNoiseReport:
     """Mean, population standard deviation and negative standard deviation over variants."""
     if not accuracy:
         raise ValueError("accuracy is empty: evaluate at least one variant")
     values = np.asarray(list(accuracy.values()), np.float64)
     std = float(np.std(values))
-    return SystemNoiseReport(dict(accuracy), float(np.mean(values)), std, -std)
+    return SystemNoiseReport(dict(accuracy), float(np.mean(values)), std, -std, dict(correct or {}))
 
 
 @jax.jit
@@ -289,7 +291,7 @@ def evaluate_system_noise(
     by_decoder: dict[str, list[str]] = {}
     for variant in variants:
         by_decoder.setdefault(variant.decoder, []).append(variant.resize)
-    correct = {variant.name: 0 for variant in variants}
+    correct: dict[str, list[np.ndarray]] = {variant.name: [] for variant in variants}
 
     def decode_one(index: int, decoder: str) -> np.ndarray:
         try:
@@ -309,5 +311,6 @@ def evaluate_system_noise(
                     if classifier.input_shape[-1] == 1:
                         images = [to_grey(image) for image in images]
                     predictions = np.asarray(_predict(classifier, _padded(images, batch_size)))[:len(indices)]
-                    correct[SystemNoiseVariant(decoder, mode).name] += int(np.sum(predictions == y))
-    return summarize({name: count / len(encoded_images) for name, count in correct.items()})
+                    correct[SystemNoiseVariant(decoder, mode).name].append(predictions == y)
+    correct = {name: np.concatenate(parts) for name, parts in correct.items()}
+    return summarize({name: float(c.mean()) for name, c in correct.items()}, correct)
