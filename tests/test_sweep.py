@@ -169,6 +169,37 @@ def test_a_finished_sweep_reruns_nothing(nb201_sweep):
     assert calls == [] and store.status()["rows"] == before
 
 
+def test_rows_go_to_their_networks_when_only_some_of_a_population_lack_an_item(nb201_sweep, tmp_path):
+    """A store holding the finished sweep's rows but a few (network, item) pairs, different
+    networks per item (a failed row forgotten as --retry-failed does, rows never run): the
+    rerun evaluates whole populations and must store each network's own outcome, as the
+    uninterrupted sweep did, not the outcome at the network's place among those missing."""
+    sweep, finished, archs = nb201_sweep
+    ids = [f"nb201:{a}" for a in archs]
+    keys = finished.item_keys()
+    clean, fgsm, pgd = keys[0], keys[1], keys[2]
+    gaps = {(ids[2], clean), (ids[1], fgsm), (ids[3], fgsm), (ids[6], pgd)}
+    expected = {(r["arch_id"], r["item_key"]): r for r in finished.results()}
+    for arch_id, key in gaps:  # a row stored at another network's place would show
+        population = ids[:4] if arch_id in ids[:4] else ids[4:]
+        assert not any(np.array_equal(expected[arch_id, key]["outcome"], expected[other, key]["outcome"])
+                       for other in population if other != arch_id)
+    store, _ = open_store(sweep, str(tmp_path / "s.sqlite"), archs)
+    store.commit([{**row, "outcome": pack(row["outcome"]), "examples": row["outcome"].shape[-1]}
+                  for key, row in expected.items() if key not in gaps])
+    store.commit([{"arch_id": ids[2], "item_key": clean, "status": "failed", "error": "RuntimeError: earlier",
+                   "seconds": 0.0, "worker": "w"}])
+    assert store.forget_failed([ids[2]]) == 1
+    assert {(a, k) for k, missing in store.missing(ids).items() for a in missing} == gaps
+    run_local(sweep, store, ids, worker=worker_id())
+    rows = {(r["arch_id"], r["item_key"]): r for r in store.results()}
+    assert rows.keys() == expected.keys()
+    for gap in gaps:
+        assert rows[gap]["status"] == "ok"
+        np.testing.assert_array_equal(rows[gap]["outcome"], expected[gap]["outcome"], err_msg=str(gap))
+        assert rows[gap]["figures"] == expected[gap]["figures"]
+
+
 def test_a_population_forced_to_shrink_mid_way_gives_the_rows_of_an_unconstrained_run(
         nb201_sweep, tmp_path, monkeypatch):
     """With the memory of 2 networks' FGSM program free, a sweep runs the clean pass on its
@@ -242,7 +273,8 @@ def test_an_item_that_fails_on_one_network_is_recorded_and_the_sweep_goes_on(tmp
 
 def test_a_nas_network_among_models_carries_its_space_ids_so_its_row_joins_as_a_space_sweeps_does(tmp_path):
     plan = plan_from_dict({"batch_size": 8, "num_examples": 8})
-    sweep = Sweep(plan, models=("nas.nb201_digits", "digits_mlp"))
+    # a model's id is the spec as typed, though its classifier has another name
+    sweep = Sweep(plan, models=("nas.nb201_digits", "digits_mlp", "tests.helpers:tiny_model"))
     store, ids = open_store(sweep, str(tmp_path / "s.sqlite"), sweep.models)
     cards = {arch_id: card for arch_id, _, card in store.networks()}
     space = rj.nas.space("nb201_digits")
@@ -251,7 +283,9 @@ def test_a_nas_network_among_models_carries_its_space_ids_so_its_row_joins_as_a_
     assert cards["nas.nb201_digits"]["canonical_index"] == space.canonical(default)
     assert cards["nas.nb201_digits"]["macs"] == space.cost(default).macs
     assert "index" not in cards["digits_mlp"]
+    run_local(sweep, store, ids, worker=worker_id())
     rows = export.table(store).rows
+    assert [row["arch_id"] for row in rows] == list(sweep.models) and all(row["clean"] is not None for row in rows)
     assert rows[0]["index"] == 11472 and rows[0]["edge_1<-0"] == default.ops[0]
 
 

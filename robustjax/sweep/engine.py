@@ -238,9 +238,9 @@ class Context:
         if self.sweep.training:
             networks = [trained.load(self.trained_networks[a], self.folder(a)) for a in arch_ids]
             return Population.stack(networks + networks[:1] * (size - len(networks)))
-        if self.sweep.space is None:
+        if self.sweep.space is None:  # the network's id is the spec the user typed, whatever its name
             (spec,) = arch_ids
-            return Population.stack([self.model(spec)])
+            return Population.stack([self.model(spec).replace(name=spec)])
         padded = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
         if self.sweep.weights is not None:  # each file read once; the padding repeats the first network
             weights = self.standalone_weights(arch_ids)
