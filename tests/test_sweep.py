@@ -289,6 +289,22 @@ def test_a_nas_network_among_models_carries_its_space_ids_so_its_row_joins_as_a_
     assert rows[0]["index"] == 11472 and rows[0]["edge_1<-0"] == default.ops[0]
 
 
+def test_an_item_failing_on_every_network_exits_non_zero_naming_its_cause(tmp_path, monkeypatch, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text('batch_size = 8\nnum_examples = 8\n[system_noise]\ndecoders = ["pil"]\n'
+                    'resizes = ["pil-bilinear", "opencv-area"]\n')
+    command = ["sweep", "run", "--db", str(tmp_path / "s.sqlite"), "--models", "digits_cnn,digits_mlp",
+               "--plan", str(plan), "--quiet"]
+    monkeypatch.setitem(sys.modules, "cv2", None)  # as on an install without OpenCV
+    assert main(command) == 1
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "pil+opencv-area failed on every network: ImportError: the 'opencv' system-noise variants need" in out
+    assert "pil+pil-bilinear" not in out and "--retry-failed" in out
+    monkeypatch.delitem(sys.modules, "cv2")
+    assert main([*command, "--retry-failed"]) == 0
+    assert "failed on every network" not in capsys.readouterr().out
+
+
 def test_cli_export_formats_join_status_and_analysis(nb201_sweep, tmp_path, capsys):
     _, store, archs = nb201_sweep
     db = str(store.path)

@@ -128,7 +128,18 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
                       f"{time.perf_counter() - started:.0f} s ({status['with_failures']} with a failed item); "
                       f"export with `robustjax sweep export --db {args.db} --format csv --out results.csv`",
                       highlight=False)
-    return 0
+    return _report_failures(store.failures(selection), len(selection), console)
+
+
+def _report_failures(failures: list[tuple[list[str], str, int]], networks: int, console: Console) -> int:
+    """Prints each item that failed on every network with its error (a cause that is not the
+    networks', such as a missing package) and returns 1 when there is one, else 0."""
+    everywhere = [(labels, error) for labels, error, count in failures if count == networks]
+    for labels, error in everywhere:
+        console.print(f"error: {', '.join(labels)} failed on every network: {error}", highlight=False)
+    if everywhere:
+        console.print("fix the cause, then rerun with --retry-failed", highlight=False)
+    return 1 if everywhere else 0
 
 
 def _existing(path: str) -> Store:

@@ -293,6 +293,20 @@ class Store:
             db.executemany("DELETE FROM results WHERE status = 'failed' AND arch_id = ?", [(a,) for a in arch_ids])
             return db.total_changes - before
 
+    def failures(self, arch_ids: Iterable[str]) -> list[tuple[list[str], str, int]]:
+        """Per item and error among the failed rows of ``arch_ids``: the item's figure labels,
+        the error, and on how many of those networks it failed; the most frequent first."""
+        arch_ids = set(arch_ids)
+        counts: dict[tuple[str, str], int] = {}
+        for arch_id, item_key, error in self._db.execute(
+                "SELECT arch_id, item_key, error FROM results WHERE status = 'failed' AND data_key = ?",
+                (self.data_key,)):
+            if arch_id in arch_ids:
+                counts[(item_key, error)] = counts.get((item_key, error), 0) + 1
+        labels = {item["item_key"]: item["labels"] for item in self.items()}
+        return [(labels[key], error, count) for (key, error), count in
+                sorted(counts.items(), key=lambda entry: -entry[1])]
+
     def status(self) -> dict:
         """Networks in the sweep, done (every item has a row), with a failed item, held by a
         worker now; rows; the rate over the last hour of rows."""
