@@ -336,6 +336,13 @@ def test_cli_refuses_another_plan_on_the_same_database(nb201_sweep, capsys):
     assert code == 2 and "holds another sweep" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_file_that_is_no_sweep_database_in_one_line(tmp_path, capsys):
+    (tmp_path / "notes.sqlite").write_text("not a database\n" * 100)
+    assert main(["sweep", "run", "--db", str(tmp_path / "notes.sqlite"), "--models", "digits_mlp", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "notes.sqlite is not a robustjax sweep database" in err and "Traceback" not in err
+
+
 def test_cli_refuses_all_of_a_space_too_large_for_one_database_before_any_work(tmp_path, capsys):
     code = main(["sweep", "run", "--db", str(tmp_path / "s.sqlite"), "--space", "bignas_resnet_basic", "--all",
                  "--quiet"])

@@ -61,6 +61,17 @@ def test_torch_checkpoint_is_loaded_weights_only(tmp_path):
         load_state_dict(tmp_path / "unsafe.pt")
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("content", [b"", bytes(np.random.default_rng(0).integers(0, 256, 3000, np.uint8))],
+                         ids=["empty", "random bytes"])
+def test_a_file_that_is_no_torch_checkpoint_is_one_line(tmp_path, content):
+    (tmp_path / "bad.pth").write_bytes(content)
+    with pytest.raises(ValueError, match=r"^bad.pth cannot be read as a weights-only PyTorch checkpoint \(.+\): "
+                                         "a truncated or corrupt file, or another format$") as excinfo:
+        load_state_dict(tmp_path / "bad.pth")
+    assert "\n" not in str(excinfo.value) and "weights_only" not in str(excinfo.value)
+
+
 class Payload:
     """An arbitrary class: unpickling it would run code, so weights-only loading refuses it."""
 

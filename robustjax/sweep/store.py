@@ -138,6 +138,8 @@ class Store:
         except sqlite3.OperationalError as error:
             raise OSError(f"--db {path}: cannot write the sweep database ({error}); check the file's permissions "
                           "and the disk") from None
+        except sqlite3.DatabaseError as error:  # another kind of file
+            raise ValueError(f"--db {path} is not a robustjax sweep database ({error}); pass a new --db") from None
         return store
 
     @classmethod

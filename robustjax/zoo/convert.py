@@ -140,13 +140,17 @@ def _load_torch(path: Path) -> dict[str, np.ndarray]:
         raise ValueError(f"{path.name}: reading PyTorch files needs torch; or convert it to safetensors") from err
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises UnpicklingError and others for unsafe content
-        # torch's message spans lines and suggests weights_only=False: keep the global it names
-        named = re.search(r"Unsupported global: (GLOBAL \S+)", str(err))
-        reason = f"it holds code: {named.group(1)}" if named else str(err).splitlines()[0]
-        raise ValueError(
-            f"{path.name} is not a weights-only PyTorch checkpoint and will not be unpickled ({reason})"
-        ) from err
+    except Exception as err:  # torch raises UnpicklingError and others for unsafe or unreadable content
+        # torch's message spans lines and suggests weights_only=False: keep the global it names,
+        # or the unpickler's own complaint about bytes that are no checkpoint
+        text = str(err)
+        if named := re.search(r"Unsupported global: (GLOBAL \S+)", text):
+            raise ValueError(f"{path.name} is not a weights-only PyTorch checkpoint and will not be unpickled "
+                             f"(it holds code: {named.group(1)})") from err
+        detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+        reason = detail.group(1) if detail else (text.splitlines()[0] if text else type(err).__name__)
+        raise ValueError(f"{path.name} cannot be read as a weights-only PyTorch checkpoint ({reason}): a truncated "
+                         "or corrupt file, or another format") from err
     for key in CONTAINER_KEYS:
         if isinstance(loaded, dict) and isinstance(loaded.get(key), dict):
             loaded = loaded[key]
