@@ -61,6 +61,21 @@ def test_a_text_file_named_npz_is_named_in_one_line(tmp_path, plan, capsys):
     assert "x.npz" in err and "pickle" not in err
 
 
+def test_corrupted_weights_are_one_line_without_orbaxs_closed_loop_tracebacks(tmp_path):
+    from robustjax.zoo.weights import save_weights
+
+    save_weights(tmp_path / "run" / "weights", zoo.create("digits_mlp").params)
+    (tmp_path / "run" / "card.json").write_text(json.dumps({"name": "digits_mlp", "num_classes": 10}))
+    chunks = [p for p in (tmp_path / "run" / "weights").rglob("*") if p.is_file() and p.parent.name == "d"]
+    for chunk in chunks:
+        chunk.write_bytes(b"\0" * 100)  # truncated and overwritten
+    done = subprocess.run([sys.executable, "-m", "robustjax.cli", "evaluate", "--model", "digits_mlp", "--weights",
+                           str(tmp_path / "run"), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert chunks and done.returncode == 2
+    assert done.stderr.startswith("error: ") and "is not a weights checkpoint orbax can read" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def test_labels_outside_the_models_classes_give_the_models_range(tmp_path, plan, capsys):
     images = np.random.default_rng(0).uniform(size=(6, 8, 8, 1)).astype(np.float32)
     np.savez(tmp_path / "badlab.npz", x=images, y=np.array([-1, 10, 0, 1, 2, 3]))

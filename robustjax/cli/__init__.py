@@ -213,7 +213,17 @@ def find_user_modules() -> None:
         sys.path.append(cwd)
 
 
+def _quiet_closed_event_loops(unraisable) -> None:
+    """Drops the "Event loop is closed" errors that orbax's asyncio helpers raise while being
+    collected after a failed read (the read's own error already says what went wrong, in one
+    line); every other unraisable error is reported as Python reports it."""
+    if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def main(argv: list[str] | None = None) -> int:
+    sys.unraisablehook = _quiet_closed_event_loops
     find_user_modules()
     argv = sys.argv[1:] if argv is None else argv
     args = parser(argv[0] if argv and argv[0] in GROUPS else None).parse_args(argv)
