@@ -41,6 +41,45 @@ def test_nb201_network_matches_xautodl(arch):
     np.testing.assert_allclose(np.asarray(clf(images)), torch_logits(reference, images), atol=1e-5, rtol=1e-5)
 
 
+def _layer_macs(model: torch.nn.Module, image_shape: tuple[int, int, int]) -> int:
+    """Multiply-accumulates of every convolution and linear layer in one forward pass of one
+    image (C, H, W), counted from the shapes each layer sees (forward hooks)."""
+    total = [0]
+
+    def count(layer, inputs, output):
+        if isinstance(layer, torch.nn.Conv2d):
+            kernel = layer.kernel_size[0] * layer.kernel_size[1]
+            total[0] += output[0].numel() * layer.in_channels // layer.groups * kernel
+        else:
+            total[0] += layer.in_features * layer.out_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros((1, *image_shape)))
+    for hook in hooks:
+        hook.remove()
+    return total[0]
+
+
+@pytest.mark.parametrize("arch", [
+    11472,  # the ResNet cell
+    "|nor_conv_1x1~0|+|nor_conv_3x3~0|avg_pool_3x3~1|+|nor_conv_1x1~0|nor_conv_3x3~1|skip_connect~2|",
+    "|skip_connect~0|+|avg_pool_3x3~0|none~1|+|none~0|skip_connect~1|avg_pool_3x3~2|",  # only the macro costs
+])
+def test_nb201_macs_with_several_cells_per_stage_are_xautodls_layer_count(arch):
+    """NB201Space.cost for N = 3 cells per stage on non-square images, against xautodl's
+    TinyNetwork counted layer by layer (and its parameter count)."""
+    tiny_network = pytest.importorskip("xautodl.models.cell_infers.tiny_network")
+    genotypes = pytest.importorskip("xautodl.models.cell_searchs.genotypes")
+    space = rj.nas.space("nb201", channels=4, cells_per_stage=3, input_shape=(16, 12, 3), num_classes=7)
+    reference = tiny_network.TinyNetwork(4, 3, genotypes.Structure.str2structure(space.arch_string(arch)), 7)
+    cost = space.cost(arch)
+    assert cost.macs == _layer_macs(reference, (3, 16, 12))
+    assert cost.flops == 2 * cost.macs
+    assert cost.params == sum(p.numel() for p in reference.parameters())
+
+
 @pytest.mark.parametrize("space_name, arch", [
     ("bignas_resnet_basic", "bignas_resnet18_9M"),
     ("bignas_resnet_basic", "bignas_resnet18_37M"),  # block-wise kernel and expand lists, 7x7 stem

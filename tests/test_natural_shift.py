@@ -322,3 +322,63 @@ def test_cifar10_c_and_ood_folder_end_to_end_with_resume(tmp_path, digits_clf):
         again = evaluate(digits_clf, dataset, plan, store=store, on_step=events.append)
     assert again["natural_shift"]["results"] == section["results"]
     assert {e.status for e in events if e.step.startswith("natural shift") and e.status != "running"} == {"reused"}
+
+
+def _linear_imagenet_model(seed: int = 0) -> rj.Classifier:
+    """1,000 classes on 8x8x3: random linear logits, larger on brighter images (so the
+    confidences of bright and dark images differ, with some overlap)."""
+    w = np.random.default_rng(seed).normal(0.0, 0.6, (8 * 8 * 3, 1000)).astype(np.float32)
+
+    def apply(params, x):
+        return x.reshape(x.shape[0], -1) @ params["w"]
+
+    return rj.Classifier(params={"w": jnp.asarray(w)}, apply_fn=apply, num_classes=1000, input_shape=(8, 8, 3),
+                         name="linear1000")
+
+
+def test_ood_figures_of_the_report_are_sklearns_on_the_models_scores(tmp_path):
+    """ImageNet-O and an OOD folder through ``evaluate``: AUROC, AUPR and FPR at 95% TPR of
+    the report equal scikit-learn's on scores computed here from the definition (OOD
+    positive, score ``-max softmax``; ImageNet-O: the logits masked to its 200 classes and
+    only the evaluated examples of those classes as in-distribution; the folder: every
+    evaluated example, all logits). 30 evaluated examples in batches of 8 (the last padded)."""
+    rng = np.random.default_rng(1)
+    clf = _linear_imagenet_model()
+    o_classes, o_wnids = np.array(shift.class_indices("imagenet-o")), shift.wnids("imagenet-o")
+    in_images = rng.integers(100, 256, (30, 8, 8, 3), dtype=np.uint8)  # brighter: more confident
+    in_labels = np.where(np.arange(30) % 3 == 0, rng.choice(np.setdiff1d(np.arange(1000), o_classes), 30),
+                         rng.choice(o_classes, 30))  # a third not among ImageNet-O's classes
+    o_images = rng.integers(0, 150, (12, 8, 8, 3), dtype=np.uint8)
+    folder_images = rng.integers(0, 150, (9, 8, 8, 3), dtype=np.uint8)
+    for i, image in enumerate(o_images):
+        (tmp_path / "imagenet-o" / o_wnids[i % 4]).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(tmp_path / "imagenet-o" / o_wnids[i % 4] / f"{i}.png")
+    for i, image in enumerate(folder_images):
+        (tmp_path / "ood" / str(i % 2)).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(tmp_path / "ood" / str(i % 2) / f"{i}.png")
+    in_distribution = rj.data.from_arrays(in_images, in_labels, name="val", num_classes=1000)
+    plan = plan_from_dict({"batch_size": 8, "sanity": {"enabled": False},
+                           "natural_shift": {"datasets": ["imagenet-o"], "ood": f"folder:{tmp_path / 'ood'}",
+                                             "data_dir": str(tmp_path)}})  # 8x8 images: no resizing
+    report = evaluate(clf, in_distribution, plan)
+    o_entry, folder_entry = report["natural_shift"]["results"]
+
+    def scores(images, subset=None):
+        logits = np.asarray(clf(jnp.asarray(images / 255.0, jnp.float32)), np.float64)
+        logits = logits if subset is None else logits[:, subset]
+        softmax = np.exp(logits - logits.max(1, keepdims=True))
+        return -(softmax / softmax.sum(1, keepdims=True)).max(1)
+
+    in_o = np.isin(in_labels, o_classes)
+    cases = [(o_entry, scores(in_images[in_o], o_classes), scores(o_images, o_classes)),
+             (folder_entry, scores(in_images), scores(folder_images))]
+    for entry, in_scores, out_scores in cases:
+        assert (entry["num_in_distribution"], entry["num_ood"]) == (in_scores.size, out_scores.size)
+        labels = np.r_[np.ones(out_scores.size), np.zeros(in_scores.size)]
+        both = np.r_[out_scores, in_scores]
+        fpr, tpr, _ = roc_curve(labels, both)
+        expected = {"auroc": roc_auc_score(labels, both), "aupr": average_precision_score(labels, both),
+                    "fpr_at_95_tpr": fpr[tpr >= 0.95].min()}
+        assert 0.6 < expected["auroc"] < 0.99 and 0 < expected["fpr_at_95_tpr"] < 1  # not degenerate
+        for name, value in expected.items():
+            assert entry[name] == pytest.approx(value, abs=1e-6), (entry["name"], name)

@@ -219,7 +219,8 @@ def black_box_beats_white_box(report: dict) -> dict:
                             "gap": white["accuracy"] - black["accuracy"]})
     value = {"tolerance": tolerance, "comparisons": comparisons}
     worst = max(comparisons, key=lambda c: c["gap"])
-    if worst["gap"] <= tolerance:
+    n = report["dataset"]["num_examples"]
+    if round(worst["gap"] * n) <= tolerance * n:  # in examples, as accuracies are counts / n
         return check_entry(name, "pass", value, f"no black-box or transfer attack beats the white-box attacks at "
                            f"{len(comparisons)} shared norm and epsilon budget(s)")
     return check_entry(name, "warn", value, f"{worst['black_box']} leaves {worst['black_box_accuracy']:.1%} accuracy "
@@ -321,9 +322,10 @@ def unbounded_pgd(success: np.ndarray, steps: int) -> dict:
     start there would be a uniform noise image, which fools a model without any gradient),
     must fool (nearly) every example: warns when more than 5% stay correctly classified."""
     name = "unbounded_pgd"
-    accuracy = float(1 - success.mean())
+    correct = int((~success).sum())
+    accuracy = correct / success.size
     value = {"eps": 1.0, "norm": "linf", "steps": steps, "accuracy": accuracy}
-    if accuracy <= UNBOUNDED_MAX_ACCURACY:
+    if correct <= UNBOUNDED_MAX_ACCURACY * success.size:  # in examples: 1 of 20 is 5%, not 5% + rounding
         return check_entry(name, "pass", value, f"PGD-{steps} with the whole box as its ball leaves {accuracy:.0%} "
                            "accuracy")
     return check_entry(name, "warn", value, f"PGD-{steps} with the whole box as its ball (eps 1) still leaves "
@@ -337,13 +339,14 @@ def restarts_converged(success: np.ndarray, eps: float, steps: int) -> dict:
     example fooled late can be the luck of a random start near the decision boundary)."""
     name = "restarts_converged"
     restarts, n = success.shape
-    robust = [float((~success[:r].any(axis=0)).mean()) for r in range(1, restarts + 1)]
+    robust_counts = [int((~success[:r].any(axis=0)).sum()) for r in range(1, restarts + 1)]
+    robust = [count / n for count in robust_counts]
     half = robust[restarts // 2 - 1]
     gain = half - robust[-1]
     tolerance = max(RESTART_TOLERANCE, 1 / n)
     value = {"eps": eps, "norm": "linf", "steps": steps, "robust_accuracy_after_restarts": robust,
              "gain_of_second_half": gain, "tolerance": tolerance}
-    if gain <= tolerance:
+    if robust_counts[restarts // 2 - 1] - robust_counts[-1] <= max(RESTART_TOLERANCE * n, 1):  # in examples
         return check_entry(name, "pass", value, f"restarts {restarts // 2 + 1}-{restarts} of PGD-{steps} lower "
                            f"robust accuracy by {gain:.1%} (tolerance {tolerance:.1%})")
     return check_entry(name, "warn", value, f"restarts {restarts // 2 + 1}-{restarts} of PGD-{steps} at eps "
