@@ -39,6 +39,11 @@ def tiny_model() -> rj.Classifier:
     return rj.zoo.create("digits_cnn", pretrained=False)
 
 
+def unnamed_model() -> rj.Classifier:
+    """A user's model that keeps the Classifier's default name."""
+    return tiny_model().replace(name=rj.Classifier.name)
+
+
 def not_a_model():
     return "not a classifier"
 

@@ -36,11 +36,14 @@ def test_evaluate_writes_a_valid_report(tmp_path, capsys):
 def test_model_from_a_python_function(tmp_path, capsys):
     plan = tmp_path / "plan.toml"
     plan.write_text('batch_size = 8\nnum_examples = 8\n[[attacks]]\nname = "fgsm"\neps = 0.1\n[sanity]\nenabled = false\n')
-    code, _, err = run(capsys, "evaluate", "--model", "tests.helpers:tiny_model", "--plan", str(plan),
+    code, _, err = run(capsys, "evaluate", "--model", "tests.helpers:unnamed_model", "--plan", str(plan),
                        "--out", str(tmp_path))
     assert code == 0, err
     report = json.loads((tmp_path / "report.json").read_text())
     assert [a["name"] for a in report["attacks"]] == ["fgsm"]
+    # an unnamed model is named by the spec the user typed; the report says where its weights came from
+    assert report["model"]["name"] == "tests.helpers:unnamed_model"
+    assert report["model"]["weights"]["source"] == "returned by tests.helpers:unnamed_model"
 
 
 @pytest.mark.parametrize(

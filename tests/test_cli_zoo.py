@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import robustjax as rj
+from robustjax.evaluation.resume import examples_digest, weights_digest
 from tests.test_cli import run
 
 torch = pytest.importorskip("torch")
@@ -53,6 +54,10 @@ def test_convert_then_evaluate_the_converted_weights(tmp_path, capsys, suffix):
     assert code == 0, err
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["model"]["name"] == "resnet20_cifar" and report["clean"]["accuracy"] is not None
+    # the report names the weights it evaluated: their folder and their hash, and the data's
+    assert report["model"]["weights"] == {"source": str(out_dir.resolve()), "sha256": weights_digest(clf)[:16]}
+    assert report["dataset"]["sha256"] == examples_digest(rj.data.load(str(images)), None)[:16]
+    assert f"{out_dir.resolve()}, sha256 {weights_digest(clf)[:16]}" in (tmp_path / "r" / "report.html").read_text()
 
 
 def _fgsm_plan(folder):

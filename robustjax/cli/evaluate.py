@@ -47,6 +47,17 @@ def load_model(args: argparse.Namespace, calibration: data.ImageDataset | None =
                          "--weights DIR, or pass --random-weights to time it with random weights") from None
 
 
+def weights_source(args: argparse.Namespace) -> str:
+    """Where ``--model``'s weights came from, as the report names them."""
+    if args.random_weights:
+        return "random (--random-weights)"
+    if args.supernet is not None:
+        return f"supernet {Path(args.supernet).resolve()}"
+    if args.weights is not None:
+        return str(Path(args.weights).resolve())
+    return f"returned by {args.model}" if ":" in args.model else "bundled with robustjax"
+
+
 def _metric_inputs(plan, args: argparse.Namespace, console: Console) -> tuple[data.ImageDataset | None,
                                                                               Classifier | None]:
     """The metrics section's profiling set (the plan's split of the evaluated dataset) and
@@ -158,6 +169,8 @@ def read_inputs(args: argparse.Namespace, console: Console) -> Inputs:
     if args.supernet is not None:
         calibration = data.load(args.dataset, "train", image_size=args.image_size, data_dir=args.data_dir)
     classifier = load_model(args, calibration)
+    if classifier.name == Classifier.name:  # a user's model left unnamed: the spec the user typed
+        classifier = classifier.replace(name=args.model)
     dataset = data.load(args.dataset, args.split, image_size=args.image_size, data_dir=args.data_dir,
                         num_classes=classifier.num_classes, channels=classifier.input_shape[-1])
     return Inputs(plan, classifier, dataset, *_metric_inputs(plan, args, console))
@@ -216,7 +229,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         try:
             with sigterm_as_interrupt(), StepDisplay(console, quiet=args.quiet) as steps:
                 report = evaluate(classifier, dataset, plan, profile=inputs.profile, reference=inputs.reference,
-                                  on_update=update, store=store, on_step=steps)
+                                  on_update=update, store=store, on_step=steps, weights=weights_source(args))
         except KeyboardInterrupt:
             console.print(f"interrupted: {len(store.names())} finished item(s) are kept in {store.folder} and "
                           f"{out} has them (status \"interrupted\"); rerun the same command to resume",

@@ -71,7 +71,7 @@ def _digest(arrays: Iterable[np.ndarray]) -> str:
     return hashed.hexdigest()
 
 
-def _examples_digest(dataset: ImageDataset, limit: int | None) -> str:
+def examples_digest(dataset: ImageDataset, limit: int | None) -> str:
     """SHA-256 of the evaluated images and labels, in order (the same at any read batch size)."""
     hashed = hashlib.sha256()
     for x, y in dataset.batches(1024, limit=limit):
@@ -80,8 +80,13 @@ def _examples_digest(dataset: ImageDataset, limit: int | None) -> str:
     return hashed.hexdigest()
 
 
+def weights_digest(classifier: Classifier) -> str:
+    """SHA-256 of the classifier's weights (every array leaf: dtype, shape and bytes), in order."""
+    return _digest(np.asarray(leaf) for leaf in jax.tree.leaves(classifier))
+
+
 def _model(classifier: Classifier) -> dict:
-    return {"name": classifier.name, "weights": _digest(np.asarray(leaf) for leaf in jax.tree.leaves(classifier))}
+    return {"name": classifier.name, "weights": weights_digest(classifier)}
 
 
 def fingerprint(classifier: Classifier, dataset: ImageDataset, plan: Plan, environment: dict, *,
@@ -92,7 +97,7 @@ def fingerprint(classifier: Classifier, dataset: ImageDataset, plan: Plan, envir
     return {
         "format": STORE_FORMAT,
         "model": _model(classifier),
-        "data": {"name": dataset.name, "examples": _examples_digest(dataset, plan.num_examples)},
+        "data": {"name": dataset.name, "examples": examples_digest(dataset, plan.num_examples)},
         "reference": None if reference is None else _model(reference),
         "profile": None if profile is None else {"name": profile.name, "num_examples": profile.num_examples},
         "environment": environment,

@@ -47,7 +47,15 @@ from robustjax.evaluation.plan import (
     SystemNoiseRun,
 )
 from robustjax.evaluation.progress import UNTRACKED, OnStep, Step
-from robustjax.evaluation.resume import Finished, ItemStore, content_name, run_item, scoped
+from robustjax.evaluation.resume import (
+    Finished,
+    ItemStore,
+    content_name,
+    examples_digest,
+    run_item,
+    scoped,
+    weights_digest,
+)
 from robustjax.evaluation.timing import Timing, timed
 from robustjax.output_folder import SCHEMA_VERSION
 from robustjax.precision import with_precision
@@ -554,6 +562,7 @@ def evaluate(
     store: ItemStore | None = None,
     on_step: OnStep = progress.ignore,
     shift_sets: list[ShiftSet] | None = None,
+    weights: str | None = None,
 ) -> dict:
     """Runs ``plan`` and returns the report (schema: docs/report-schema.md).
 
@@ -563,7 +572,8 @@ def evaluate(
     with this run's ``resume.fingerprint``) are reused, and every item that finishes is
     stored there. ``on_step`` follows each item's progress (``evaluation.progress``).
     ``shift_sets`` are the plan's ``[natural_shift]`` sets (``natural_shift.load_sets``); None
-    opens them here, before any work.
+    opens them here, before any work. ``weights`` says where the weights came from (a
+    folder, "bundled"); the report names it beside the weights' and the examples' hashes.
     """
     if tuple(dataset.image_shape) != tuple(classifier.input_shape):
         raise ValueError(
@@ -577,6 +587,7 @@ def evaluate(
         )
     if plan.natural_shift is not None and shift_sets is None:
         shift_sets = natural_shift.load_sets(plan.natural_shift, classifier)
+    weights_hash = weights_digest(classifier)[:16]  # of the weights as given, before any cast
     parallel = DataParallel(plan.batch_size)
     classifier = parallel.replicate(with_precision(classifier, plan.precision))
     num_examples = num_evaluated(dataset, plan)
@@ -589,8 +600,10 @@ def evaluate(
             "num_classes": classifier.num_classes,
             "input_shape": list(classifier.input_shape),
             "num_params": count_params(classifier),
+            "weights": {"source": weights, "sha256": weights_hash},
         },
-        "dataset": {"name": dataset.name, "num_examples": num_examples},
+        "dataset": {"name": dataset.name, "num_examples": num_examples,
+                    "sha256": examples_digest(dataset, plan.num_examples)[:16]},
         "plan": plan.as_dict(),
         "environment": environment(),
         "randomness": randomness(plan, parallel),

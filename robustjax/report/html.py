@@ -105,9 +105,13 @@ def _budgets(report: dict) -> list[tuple[str, float, float, list[str]]]:
 def _summary(report: dict, gallery) -> str:
     model, dataset, clean = report["model"], report["dataset"], report.get("clean")
     status = report["status"]
+    weights = model.get("weights") or {}
     rows = [["model", f"{escape(model['name'])} ({model['num_params']:,} parameters, input "
                       f"{'x'.join(map(str, model['input_shape']))}, {model['num_classes']} classes)"],
-            ["data", f"{escape(dataset['name'])}, {dataset['num_examples']:,} examples"],
+            ["weights", f"{escape(weights.get('source') or 'as given')}, sha256 {escape(weights['sha256'])}"
+                        if weights.get("sha256") else "not recorded"],
+            ["data", f"{escape(dataset['name'])}, {dataset['num_examples']:,} examples"
+                     + (f", sha256 {escape(dataset['sha256'])}" if dataset.get("sha256") else "")],
             ["status", f"<span class=status-{escape(status)}>{escape(status)}</span>"
                        + (f": {escape(report['error'])}" if report.get("error") else "")],
             ["started", escape(report["created"])],
