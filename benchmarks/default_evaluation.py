@@ -28,31 +28,42 @@ HERE = Path(__file__).resolve().parent.parent
 def run(source: Path) -> dict:
     """Wall seconds, compiles and report status of the default evaluation of ``source``'s robustjax."""
     with tempfile.TemporaryDirectory() as out:
-        env = os.environ | {"PYTHONPATH": str(source), "JAX_LOG_COMPILES": "1"}
-        env.pop("XLA_FLAGS", None)  # the default devices, as a user runs it
-        started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "robustjax.cli", "evaluate", "--out", out, "--compile-cache",
-                               "off", "--quiet"], cwd=source, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - started
+        return cold_command(source, ["evaluate", "--out", out, "--compile-cache", "off", "--quiet"])
+
+
+def cold_command(source: Path, argv: list[str]) -> dict:
+    """Wall seconds and XLA compiles of ``robustjax ARGV`` run with ``source``'s robustjax in a
+    fresh process (``JAX_LOG_COMPILES=1``: one "Compiling" line per program XLA builds)."""
+    env = os.environ | {"PYTHONPATH": str(source), "JAX_LOG_COMPILES": "1"}
+    env.pop("XLA_FLAGS", None)  # the default devices, as a user runs it
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "robustjax.cli", *argv], cwd=source, env=env, capture_output=True,
+                          text=True)
+    wall = time.perf_counter() - started
     if done.returncode:
-        raise RuntimeError(f"robustjax evaluate of {source} failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"robustjax {argv[0]} of {source} failed: {done.stderr[-2000:]}")
     return {"source": str(source), "wall_s": round(wall, 1),
             "compiles": sum("Compiling " in line for line in done.stderr.splitlines())}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def compare_checkouts(benchmark: str, run_one, description: str, **settings) -> None:
+    """Runs ``run_one(source)`` for each ``--source`` checkout and this one, prints and writes
+    the rows to results/BENCHMARK.BACKEND.json with ``settings``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--source", action="append", default=[], help="another checkout to time as well")
     args = parser.parse_args()
-    rows = [run(Path(source).resolve()) for source in args.source] + [run(HERE)]
+    rows = [run_one(Path(source).resolve()) for source in args.source] + [run_one(HERE)]
     for row in rows:
         print(f"{row['source']}: {row['wall_s']} s, {row['compiles']} compiles")
-    path = RESULTS / f"default_evaluation.{machine_facts(())['backend']}.json"
+    path = RESULTS / f"{benchmark}.{machine_facts(())['backend']}.json"
     path.write_text(json.dumps({
-        "benchmark": "default_evaluation",
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_facts(()), "results": rows}, indent=2) + "\n")
+        "benchmark": benchmark, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine_facts(()), **settings, "results": rows}, indent=2) + "\n")
     print(f"written to {path}")
+
+
+def main() -> None:
+    compare_checkouts("default_evaluation", run, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
