@@ -26,13 +26,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from robustjax import builtin_plans
+from robustjax.cli.interrupt import EXIT_INTERRUPTED
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE
 
 DEFAULT_MODEL = "digits_cnn"
 DEFAULT_DATASET = "digits"
 DEFAULT_OUT = "robustjax-report"
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 # Command groups whose arguments their module defines, and the help line each shows in ``--help``.
 GROUPS = {
     "nas": ("robustjax.cli.nas", "NAS search spaces, supernets, and many networks evaluated as populations"),
@@ -237,3 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         errors.print("interrupted", highlight=False)  # the command said what it kept, where it could
         return EXIT_INTERRUPTED
+
+
+def script() -> None:
+    """The ``robustjax`` command: exits with ``main``'s code. After an interruption the
+    process ends at once, its output flushed, without the interpreter's shutdown (which can
+    crash while XLA's threads still compile or run the program the interruption left)."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

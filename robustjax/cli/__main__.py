@@ -1,7 +1,5 @@
 """``python -m robustjax.cli``: the command line, as the ``robustjax`` script runs it."""
 
-import sys
+from robustjax.cli import script
 
-from robustjax.cli import main
-
-sys.exit(main())
+script()

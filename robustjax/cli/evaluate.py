@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from rich.console import Console
 
 from robustjax import data, distributed, zoo
 from robustjax.classifier import Classifier
-from robustjax.cli import EXIT_INTERRUPTED
+from robustjax.cli.interrupt import EXIT_INTERRUPTED, stop_promptly
 from robustjax.cli.nas import load_nas_model
 from robustjax.cli.plan import refuse_training, with_options
 from robustjax.cli.progress import StepDisplay
@@ -77,19 +76,6 @@ def _metric_inputs(plan, args: argparse.Namespace, console: Console) -> tuple[da
         console.print(f"note: no profiling set ({error}); KMNC, NBC and SNAC will be skipped", highlight=False)
         profile = None
     return profile, reference
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM (a scheduler's or ``kill``'s stop) ends the run as Ctrl-C does."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _previous_run(out: Path) -> str | None:
@@ -226,8 +212,12 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         if done:
             say(f"resuming: {len(done)} finished item(s) in {store.folder} are reused "
                 "(--fresh starts over)", highlight=False)
+        def kept() -> str:
+            return (f"interrupted: {len(store.names())} finished item(s) are kept in {store.folder}; rerun the same "
+                    "command to resume")
+
         try:
-            with sigterm_as_interrupt(), StepDisplay(console, quiet=args.quiet) as steps:
+            with stop_promptly(kept), StepDisplay(console, quiet=args.quiet) as steps:
                 report = evaluate(classifier, dataset, plan, profile=inputs.profile, reference=inputs.reference,
                                   on_update=update, store=store, on_step=steps, weights=weights_source(args))
         except KeyboardInterrupt:

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from robustjax import nas
 from robustjax.cli import DEFAULT_DATASET, add_plan_options
+from robustjax.cli.interrupt import EXIT_INTERRUPTED, stop_promptly
 from robustjax.cli.nas import parse_ids
 from robustjax.cli.plan import with_options
 from robustjax.cli.progress import NetworkDisplay
@@ -113,15 +114,24 @@ def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
                       f"{len(store.item_keys())} items each{to_train})", highlight=False)
     worker = worker_id()
     started = time.perf_counter()
-    with NetworkDisplay(console, len(selection), done, quiet=args.quiet, every=args.log_every) as progress:
-        if args.ray:
-            run_ray(sweep, store, selection, address=args.ray, worker=worker, lease_s=args.lease,
-                    on_chunk=progress.advance, log=lambda line: console.print(line, highlight=False),
-                    compile_cache=args.compile_cache)
-        else:
-            run_local(sweep, store, selection, worker=worker, lease_s=args.lease, on_chunk=progress.advance,
-                      on_item=progress.item,
-                      on_train=TrainingProgress(progress))
+
+    def kept() -> str:  # also from the interrupt watcher's thread: a connection of its own
+        return (f"interrupted: {len(Store.read(args.db).done() & set(selection))}/{len(selection)} networks are "
+                f"done in {args.db}; rerun the same command to go on")
+
+    try:
+        with stop_promptly(kept), NetworkDisplay(console, len(selection), done, quiet=args.quiet,
+                                                 every=args.log_every) as progress:
+            if args.ray:
+                run_ray(sweep, store, selection, address=args.ray, worker=worker, lease_s=args.lease,
+                        on_chunk=progress.advance, log=lambda line: console.print(line, highlight=False),
+                        compile_cache=args.compile_cache)
+            else:
+                run_local(sweep, store, selection, worker=worker, lease_s=args.lease, on_chunk=progress.advance,
+                          on_item=progress.item, on_train=TrainingProgress(progress))
+    except KeyboardInterrupt:
+        console.print(kept(), highlight=False, soft_wrap=True)
+        return EXIT_INTERRUPTED
     status = store.status()
     if not args.quiet:
         console.print(f"{len(store.done() & set(selection))}/{len(selection)} networks done in "

@@ -698,6 +698,8 @@ def load_plan(spec: str | Path) -> Plan:
         except ValueError as error:
             raise ValueError(f"no plan file at {str(spec)!r}, and {error}") from None
         source, is_json = f"built-in plan {spec!r}", False
+    if not text.strip():  # a plan of defaults is written {} or with its settings, never as nothing
+        raise ValueError(f"plan {source} is empty; start from a built-in plan: robustjax plan show default")
     try:
         raw = json.loads(text) if is_json else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
