@@ -14,12 +14,13 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
+from rich.console import Console
 
 import robustjax as rj
 from robustjax.cli import main
 from robustjax.cli import report as cli_report
 from robustjax.evaluation import gallery, plan_from_dict
-from robustjax.report import html, schema, sweep_html
+from robustjax.report import html, plots, schema, summary, sweep_html
 from robustjax.report.page import escape
 from robustjax.sweep import analyze
 
@@ -185,6 +186,28 @@ def test_every_section_is_rendered_from_a_full_report():
     assert parts["gallery"].count("<img") == 3 * 4 and "perturbation, magnified" in parts["gallery"]
     assert "threefry2x32" in parts["reproduce"] and "0.10.2" in parts["reproduce"]
     assert '&quot;attacks&quot;' in parts["reproduce"]  # the plan as run
+
+
+def test_an_epsilon_grids_time_is_shown_once_on_its_first_row():
+    """One pass evaluates PGD at both epsilons: the page and the console give its time once."""
+    report = full_report()
+    grid = {**TIMING, "wall_s": 7.3, "grid_size": 2}
+    for entry in report["attacks"]:
+        if entry["name"] == "pgd" and entry["params"]["norm"] == "linf":
+            entry["timing"] = grid
+    attacks = sections(html.render_html(report))["attacks"]
+    assert attacks.count("<td class=num>7.3</td>") == 1 and attacks.count("<td class=num>1.5</td>") >= 3
+    console = Console(width=200, record=True)
+    console.print(summary.attack_table(report))
+    assert console.export_text().count("7.3 (0.5)") == 1
+
+
+def test_the_worst_case_is_drawn_beneath_the_attack_it_equals():
+    """A worst case equal to one attack's line must not hide that line: its band comes first."""
+    line = ([0.1, 0.2], [0.5, 0.2])
+    svg = plots.robust_accuracy({"linf": [("pgd", *line), ("worst case", *line)]}, clean_accuracy=0.9)
+    band, attack = svg.find("stroke-width: 7"), svg.find("stroke-width: 1.5")
+    assert 0 <= band < attack
 
 
 def test_the_page_is_self_contained_and_the_same_every_time():

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 import robustjax as rj
-from robustjax.evaluation import Plan, plan_from_dict, sanity
+from robustjax.evaluation import Plan, plan_from_dict, progress, sanity
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import SanityRun
 from robustjax.report import schema
@@ -85,9 +85,14 @@ def verdicts(classifier: rj.Classifier, setting, names: tuple[str, ...]) -> list
 
 
 def test_a_plain_model_passes_every_check(setting, digits_clf):
+    """... and the progress counts one unit per check of the section, as the runner's step
+    (of ``len(CHECKS)`` checks) expects."""
     dataset, plan, parallel = setting
-    section = sanity.sanity_section(parallel.replicate(digits_clf), dataset, plan, parallel, EMPTY_REPORT,
-                                    clean_correct(digits_clf, dataset))
+    events = []
+    with progress.step(events.append, "sanity", len(sanity.CHECKS), "checks") as current:
+        section = sanity.sanity_section(parallel.replicate(digits_clf), dataset, plan, parallel, EMPTY_REPORT,
+                                        clean_correct(digits_clf, dataset), step=current)
+    assert [event.done for event in events] == [*range(len(section["checks"]) + 1), len(sanity.CHECKS)]
     jsonschema.validate({"sanity": section}, {"$defs": schema()["$defs"],
                                               "properties": {"sanity": schema()["properties"]["sanity"]}})
     assert section["num_examples"] == NUM_EXAMPLES and section["num_warnings"] == 0

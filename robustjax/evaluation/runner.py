@@ -717,7 +717,7 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
         except Exception as error:  # recorded in the report
             publish("metrics")(failed({"settings": plan.metrics.as_dict()}, error))
     if plan.sanity.enabled is not False:  # after the metrics: the black-box check reads their transfer accuracy
-        stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, (len(sanity.MODEL_CHECKS) + 1, "checks"),
+        stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, (len(sanity.CHECKS), "checks"),
                          lambda step: Finished(sanity.sanity_section(classifier, dataset, plan, parallel, report,
                                                                      clean_correct, step=step)))
     failed_parts = any(section["status"] != "ok" for section in report["attacks"])

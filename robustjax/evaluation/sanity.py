@@ -481,16 +481,14 @@ def sanity_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, pa
     """The sanity checks of ``report`` (its attack and metrics sections) and of the model on
     ``dataset``; ``classifier`` is replicated on ``parallel``'s mesh, as in the runner, and
     ``clean_correct`` is the clean pass's per-example correctness.
-    ``step`` advances after the pass that finds the correctly classified examples and after
-    each model check."""
+    ``step`` advances after each check, of ``len(CHECKS)``."""
     eps = plan.sanity.eps or _largest_linf_eps(report) or DEFAULT_EPS
     with timed() as timing:
         x, y = correct_examples(dataset, plan, clean_correct)
-        step.advance()
         probe = Probe(classifier, x, y, parallel, plan.sanity, eps,
                       jax.random.fold_in(jax.random.key(plan.seed), _STREAM))
         checks = [run_check(name, probe) for name in step.track(MODEL_CHECKS)]
-        checks += [accuracy_falls_with_eps(report), black_box_beats_white_box(report)]
+        checks += [check(report) for check in step.track((accuracy_falls_with_eps, black_box_beats_white_box))]
     checks = sorted(checks, key=lambda check: list(CHECKS).index(check["name"]))
     return {"status": "ok", "settings": {**plan.sanity.as_dict(), "eps": eps}, "num_examples": len(y),
             "checks": checks, "num_warnings": sum(c["verdict"] == "warn" for c in checks),

@@ -33,16 +33,18 @@ def _figure(height: float) -> Figure:
 def robust_accuracy(curves: dict[str, list[tuple[str, list[float], list[float]]]],
                     clean_accuracy: float | None) -> str:
     """Robust accuracy against epsilon, one panel per norm (``curves``: norm -> (label, eps,
-    accuracy) per line; a label starting with "worst case" is drawn dashed and black). Each
-    line starts from the clean accuracy at eps 0 when it is known."""
+    accuracy) per line; a label starting with "worst case" is drawn as a wide grey band beneath
+    the attacks' lines, so an attack whose line it equals stays visible). Each line starts
+    from the clean accuracy at eps 0 when it is known."""
     fig = _figure(3.2)
     axes = fig.subplots(1, len(curves), squeeze=False)[0]
     for ax, (norm, lines) in zip(axes, curves.items()):
         for label, eps, accuracy in lines:
             if clean_accuracy is not None:
                 eps, accuracy = [0.0, *eps], [clean_accuracy, *accuracy]
-            style = {"color": "black", "linestyle": "--", "linewidth": 2} if label.startswith("worst case") else {}
-            ax.plot(eps, accuracy, marker="o", label=label, **style)
+            style = ({"color": "0.55", "linewidth": 7, "alpha": 0.45, "zorder": 1, "solid_capstyle": "round"}
+                     if label.startswith("worst case") else {"marker": "o", "zorder": 2})
+            ax.plot(eps, accuracy, label=label, **style)
         ax.set(xlabel=f"epsilon ({norm})", ylabel="robust accuracy", ylim=(-0.02, 1.02), title=norm)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")

@@ -22,6 +22,17 @@ def _seconds(timing: dict) -> str:
     return f"{timing['wall_s']:.1f} ({timing['compile_s']:.1f})"
 
 
+def attack_times(attacks: list[dict]) -> list[dict | None]:
+    """Each attack entry's timing, None for the later rows of an epsilon grid (one pass
+    evaluates the whole grid, so its time is shown once, on the grid's first row)."""
+    shown, previous = [], None
+    for entry in attacks:
+        timing = entry.get("timing") if entry["status"] == "ok" else None
+        shown.append(None if timing is not None and timing.get("grid_size", 1) > 1 and timing == previous else timing)
+        previous = timing
+    return shown
+
+
 def _label(section: dict) -> str:
     params = section["params"]
     shown = [f"{k}={_number(params[k]) if isinstance(params[k], float) else params[k]}"
@@ -35,8 +46,8 @@ def attack_table(report: dict) -> Table:
     model, dataset = report["model"]["name"], report["dataset"]
     table = Table(title=f"{model} on {dataset['name']} ({dataset['num_examples']} examples)",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption="success: share of correctly classified "
-                  "examples the attack fooled; norms: mean over those; time: seconds, of which compiling (rows "
-                  "of one epsilon sweep share its time); worst case: robust only if every attack at that budget "
+                  "examples the attack fooled; norms: mean over those; time: seconds, of which compiling (an "
+                  "epsilon sweep's, on its first row); worst case: robust only if every attack at that budget "
                   "failed")
     table.add_column("evaluation", ratio=1)
     for column in ("accuracy", "success", "Linf", "L2", "queries", "time"):
@@ -44,7 +55,7 @@ def attack_table(report: dict) -> Table:
     clean = report["clean"]
     if clean is not None:
         table.add_row("clean", _percent(clean["accuracy"]), "", "", "", "1", _seconds(clean["timing"]))
-    for section in report["attacks"]:
+    for section, timing in zip(report["attacks"], attack_times(report["attacks"]), strict=True):
         if section["status"] != "ok":
             table.add_row(_label(section), "failed", section.get("error", ""), "", "", "", "")
             continue
@@ -52,7 +63,7 @@ def attack_table(report: dict) -> Table:
         table.add_row(
             _label(section), _percent(section["robust_accuracy"]), _percent(section["attack_success_rate"]),
             _number(norms["linf_mean"]), _number(norms["l2_mean"]), f"{section['queries_mean']:.1f}",
-            _seconds(section["timing"]),
+            "" if timing is None else _seconds(timing),
         )
     for entry in report.get("worst_case", []):
         table.add_row(f"worst case {entry['norm']} eps={_number(entry['eps'])}",
