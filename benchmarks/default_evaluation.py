@@ -1,5 +1,6 @@
-"""The quick start's evaluation, cold: wall time and XLA compiles of `robustjax evaluate` on the
-embedded default, with no compile cache, in a fresh process per checkout.
+"""The quick start's evaluation: wall time and XLA compiles of `robustjax evaluate` on the
+embedded default in a fresh process per checkout, cold (empty compile cache), warm (cache
+filled, ``--fresh``) and rerun (every item resumed), and of `robustjax plan check`.
 
     python -m benchmarks.default_evaluation                        # this checkout
     python -m benchmarks.default_evaluation --source /tmp/before   # and another (git worktree)
@@ -26,9 +27,22 @@ HERE = Path(__file__).resolve().parent.parent
 
 
 def run(source: Path) -> dict:
-    """Wall seconds, compiles and report status of the default evaluation of ``source``'s robustjax."""
-    with tempfile.TemporaryDirectory() as out:
-        return cold_command(source, ["evaluate", "--out", out, "--compile-cache", "off", "--quiet"])
+    """Wall seconds and compiles of the default evaluation of ``source``'s robustjax: cold (an
+    empty compile cache), warm (``--fresh``: every item again, the programs from the cache),
+    rerun (the same command once more: every item read back), and of ``plan check``."""
+    with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as cache:
+        evaluate = ["evaluate", "--out", out, "--compile-cache", cache, "--quiet"]
+        cold = cold_command(source, evaluate)
+        warm = cold_command(source, [*evaluate, "--fresh"])
+        rerun = cold_command(source, evaluate)
+        plan = Path(out, "plan.toml")
+        plan.write_text(subprocess.run([sys.executable, "-m", "robustjax.cli", "plan", "show", "default"], cwd=source,
+                                       env=os.environ | {"PYTHONPATH": str(source)}, capture_output=True, text=True,
+                                       check=True).stdout)
+        check = cold_command(source, ["plan", "check", str(plan)])
+    return {"source": str(source), "wall_s": cold["wall_s"], "compiles": cold["compiles"],
+            "warm_cache_wall_s": warm["wall_s"], "warm_cache_compiles": warm["compiles"],
+            "rerun_wall_s": rerun["wall_s"], "rerun_compiles": rerun["compiles"], "plan_check_wall_s": check["wall_s"]}
 
 
 def cold_command(source: Path, argv: list[str]) -> dict:
@@ -54,7 +68,8 @@ def compare_checkouts(benchmark: str, run_one, description: str, **settings) -> 
     args = parser.parse_args()
     rows = [run_one(Path(source).resolve()) for source in args.source] + [run_one(HERE)]
     for row in rows:
-        print(f"{row['source']}: {row['wall_s']} s, {row['compiles']} compiles")
+        print(f"{row['source']}: {row['wall_s']} s, {row['compiles']} compiles"
+              + "".join(f"; {key} {value}" for key, value in row.items() if key not in ("source", "wall_s", "compiles")))
     path = RESULTS / f"{benchmark}.{machine_facts(())['backend']}.json"
     path.write_text(json.dumps({
         "benchmark": benchmark, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
