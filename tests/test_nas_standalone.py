@@ -257,8 +257,10 @@ def test_a_sweep_of_a_folder_of_standalone_networks_gives_each_the_figures_it_ge
     db = tmp_path / "s.sqlite"
     assert main(["sweep", "run", "--db", str(db), "--space", "nb201_digits", "--weights", str(folder),
                  "--plan", str(tmp_path / "plan.toml"), "--population-size", "3", "--quiet"]) == 0
-    rows = export.table(Store.read(db)).rows
+    table = export.table(Store.read(db))
+    rows = table.rows
     assert [row["index"] for row in rows] == sorted(config.index for config in ARCHS[:3])
+    assert "standalone networks" in table.context and "on 16 examples of digits" in table.context
     digits = rj.data.digits("test")
     weights = load_folder(SPACE, folder, [row["index"] for row in rows])
     for row, weight in zip(rows, weights):

@@ -17,9 +17,11 @@ import pytest
 from rich.console import Console
 
 import robustjax as rj
+from robustjax import builtin_plans
 from robustjax.cli import main
 from robustjax.cli import report as cli_report
 from robustjax.evaluation import gallery, plan_from_dict
+from robustjax.evaluation.plan import create as create_plan
 from robustjax.report import html, plots, schema, summary, sweep_html
 from robustjax.report.page import escape
 from robustjax.sweep import analyze
@@ -186,6 +188,17 @@ def test_every_section_is_rendered_from_a_full_report():
     assert parts["gallery"].count("<img") == 3 * 4 and "perturbation, magnified" in parts["gallery"]
     assert "threefry2x32" in parts["reproduce"] and "0.10.2" in parts["reproduce"]
     assert '&quot;attacks&quot;' in parts["reproduce"]  # the plan as run
+
+
+@pytest.mark.parametrize("name", builtin_plans.evaluation_plans())
+def test_the_plan_on_the_page_runs_again_as_the_same_plan(name):
+    """The report keeps a plan as ``as_dict`` writes it (one entry per epsilon, nulls); the
+    page's JSON reads back into the plan that ran, epsilon sweeps included."""
+    plan = create_plan(name)
+    shown = html.runnable_plan(json.loads(json.dumps(plan.as_dict())))
+    assert plan_from_dict(json.loads(json.dumps(shown))) == plan
+    section = html._reproduce({"schema_version": 1, "plan": plan.as_dict()}, None)
+    assert f"<td>attack: {shown['attacks'][0]['name']}</td>" in section and escape(json.dumps(shown, indent=2)) in section
 
 
 def test_an_epsilon_grids_time_is_shown_once_on_its_first_row():

@@ -182,6 +182,17 @@ def test_robust_accuracy_that_rises_with_eps_is_flagged():
                                           )["verdict"] == "skipped"
 
 
+def test_a_warning_on_a_barely_trained_model_names_that_cause_first():
+    warned = sanity.accuracy_falls_with_eps(report_of(section("pgd", 0.1, 0.3), section("pgd", 0.2, 0.45)))
+    weak = sanity.weak_model_advice(warned, clean_accuracy=0.16, num_classes=10)
+    assert weak["advice"].startswith("The model classifies only 16% of the examples correctly (chance: 10%)")
+    assert weak["advice"].endswith(warned["advice"])
+    # A trained model, a passed check, and a 1000-class model well above chance keep the check's own advice.
+    assert sanity.weak_model_advice(warned, clean_accuracy=0.31, num_classes=10) == warned
+    assert sanity.weak_model_advice({**warned, "verdict": "pass"}, 0.16, 10)["advice"] == warned["advice"]
+    assert sanity.weak_model_advice(warned, clean_accuracy=0.16, num_classes=1000) == warned
+
+
 def test_black_box_attacks_beating_white_box_ones_are_flagged():
     white = [section("pgd", 0.1, 0.40), section("apgd", 0.1, 0.38)]
     assert sanity.black_box_beats_white_box(report_of(*white, section("square", 0.1, 0.379)))["verdict"] == "pass"

@@ -148,6 +148,8 @@ def test_sweep_rows_are_the_population_results(nb201_sweep):
                 assert row["figures"][label] == result["per_example"][label].mean()
     table = export.table(store)
     assert [r["arch_id"] for r in table.rows] == [f"nb201:{a}" for a in archs]
+    assert table.context.startswith("Swept: NAS space nb201 (") and "subnets of its supernet" in table.context
+    assert f"on 24 examples of digits (test split), under the plan's {len(context.items)} items" in table.context
     resnet = table.rows[0]
     assert resnet["index"] == 11472 and resnet["edge_1<-0"] == "nor_conv_3x3" and resnet["params"] > 0
     assert resnet["clean"] == expected[0]["clean_accuracy"]

@@ -9,16 +9,20 @@ import math
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from scipy import stats
 
+from robustjax.sweep import analyze as analysis
 from robustjax.sweep.analyze import (
     Table,
     analyze,
     cost_relation,
     dimension_effects,
+    noise_note,
     pareto_front,
     rank_correlations,
     slug,
+    tau_noise_level,
 )
 
 FIGURES = ("clean", "pgd eps=0.1", "gaussian_noise 3")
@@ -44,7 +48,7 @@ COLUMNS = ("arch_id", "params", "flops", *DIMENSIONS, *FIGURES)
 
 def make_table(networks=NETWORKS) -> Table:
     return Table(rows=[dict(zip(COLUMNS, n)) for n in networks], dimensions=DIMENSIONS,
-                 figures=FIGURES)
+                 figures=FIGURES, context="Swept: models a, b; each network on 64 examples of digits.")
 
 
 def with_none(table: Table, arch_id: str, figure: str) -> Table:
@@ -220,7 +224,8 @@ def test_analyze_writes_every_file(tmp_path):
     assert "n11" not in pgd_front and pgd_front == ["n07", "n04", "n08"]
 
     summary = (out / "summary.md").read_text()
-    assert "12 networks" in summary
+    assert "12 networks" in summary and "Swept: models a, b; each network on 64 examples of digits." in summary
+    assert noise_note(12) in summary
     assert "| clean | 12 | " in summary and "| n07 (0.9700) |" in summary  # best by clean
     assert "| pgd eps=0.1 | 11 | " in summary and "| n08 (0.4000) |" in summary  # n11 left out
     assert "- pgd eps=0.1: size 3: n07, n04, n08" in summary
@@ -271,3 +276,38 @@ def test_analyze_rejects_a_dimension_value_of_another_type(tmp_path):
     rows = [dict(r, depth_1=None) if r["arch_id"] == "n02" else r for r in table.rows]
     with pytest.raises(TypeError, match="dimension 'depth_1' of network 'n02' is None"):
         analyze(dataclasses.replace(table, rows=rows), tmp_path)
+
+
+def test_the_tau_noise_level_is_the_spread_of_tau_over_every_ranking():
+    """Under independence every ranking of n = 7 networks is equally likely: the level is 1.96
+    standard deviations of tau over all 5,040 of them."""
+    n = 7
+    i, j = np.triu_indices(n, 1)
+    taus = [np.sign(np.subtract(p[j], p[i])).mean() for p in map(np.array, itertools.permutations(range(n)))]
+    assert tau_noise_level(n) == pytest.approx(1.96 * np.std(taus), rel=1e-12)
+    assert "within +-0.57 " in noise_note(8) and "no Kendall tau" in noise_note(3)
+
+
+def captured_figures(monkeypatch) -> list[Figure]:
+    figures: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: figures.append(self))
+    return figures
+
+
+def test_the_pareto_plot_counts_and_names_networks_that_share_a_point(monkeypatch):
+    figures = captured_figures(monkeypatch)
+    clean, robust = np.array([0.9, 0.9, 0.8, 0.5]), np.array([0.3, 0.3, 0.4, 0.1])
+    front = pareto_front(clean, robust)
+    analysis._plot_pareto(clean, robust, front, ["a", "b", "c", "d"], "pgd", None)
+    ax = figures[0].axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["networks", "Pareto front (3 networks)"]
+    assert sorted(t.get_text() for t in ax.texts) == ["a, b", "c"]
+
+
+def test_categorical_dimensions_are_not_joined_by_lines(monkeypatch):
+    figures = captured_figures(monkeypatch)
+    table = make_table()
+    analysis._plot_dimensions(table, dimension_effects(table), None)
+    depth, edge = figures[0].axes[:2]
+    assert {bars.lines[0].get_linestyle() for bars in depth.containers} == {"-"}  # the data line of each
+    assert {bars.lines[0].get_linestyle() for bars in edge.containers} == {"None"}

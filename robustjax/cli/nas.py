@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -104,6 +105,10 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
+NOISE_CAPTIONS = {"corruptions": "corruptions: mean accuracy", "system noise": "system noise: mean accuracy",
+                  "flip prob.": "flip prob.: mean ImageNet-P flip probability"}
+
+
 def _noise_means(result: dict) -> dict[str, float]:
     """One network's mean figure per noise section its plan has."""
     sections = (("corruptions", "corruptions", "accuracy"), ("system noise", "system_noise", "accuracy"),
@@ -133,12 +138,15 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
         results = evaluate_population(supernet, archs, dataset, plan, calibration=calibration,
                                       population_size=args.population_size, network_shards=args.network_shards,
                                       layout=args.layout, on_population=progress.advance)
-    table = Table(title=f"{len(results)} networks of {space.name} on {dataset.name}", title_justify="left",
-                  caption="corruptions, system noise: mean accuracy; flip prob.: mean ImageNet-P flip probability")
     noise_columns = list(_noise_means(results[0]))
-    for column in ("network", "MFLOPs", "clean", *[f"{r['name']} {r['params'].get('eps', '')}"
-                                                     for r in results[0]["attacks"]], *noise_columns):
-        table.add_column(column, justify="right")
+    table = Table(title=f"{len(results)} network{'s' * (len(results) != 1)} of {space.name} on {dataset.name}",
+                  title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  caption="; ".join(NOISE_CAPTIONS[column] for column in noise_columns) or None)
+    table.add_column("network", min_width=len("network"), overflow="fold")  # a long id folds, the figures stay whole
+    for column in ("MFLOPs", "clean", *[f"{r['name']} {r['params'].get('eps', '')}" for r in results[0]["attacks"]],
+                   *noise_columns):
+        table.add_column(column, justify="right", min_width=max(len("0.000"), *map(len, column.split())))
     for arch, result in zip(archs, results):
         config = space.resolve(arch)
         table.add_row(nas.models.arch_label(space, config), f"{space.cost(config).flops / 1e6:.1f}",

@@ -59,6 +59,8 @@ RANDOMNESS_TOLERANCE = 1e-4
 LANDSCAPE_MAX_STEP_SHARE = 0.5
 # ... and the check warns when more than this share of the examples is irregular or flat.
 LANDSCAPE_MAX_IRREGULAR = 0.2
+# A warning's advice names the model's weakness first below this many times chance accuracy.
+WEAK_MODEL_CHANCE_FACTOR = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,6 +478,17 @@ def run_check(name: str, probe: Probe) -> dict:
         return skipped(name, f"the check failed: {type(error).__name__}: {error}")
 
 
+def weak_model_advice(check: dict, clean_accuracy: float, num_classes: int) -> dict:
+    """``check`` with its advice led by the plain cause when it warns on a model that is barely
+    better than chance (clean accuracy below ``WEAK_MODEL_CHANCE_FACTOR`` times chance, at most
+    50%): such a model's loss is flat or erratic, which alone makes the checks warn."""
+    if check["verdict"] != "warn" or clean_accuracy >= min(0.5, WEAK_MODEL_CHANCE_FACTOR / num_classes):
+        return check
+    cause = (f"The model classifies only {clean_accuracy:.0%} of the examples correctly (chance: {1 / num_classes:.0%}): "
+             "a barely trained model warns for that reason alone, so evaluate trained weights first. Otherwise: ")
+    return {**check, "advice": cause + check["advice"]}
+
+
 def sanity_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
                    report: dict, clean_correct: np.ndarray, step: Step = UNTRACKED) -> dict:
     """The sanity checks of ``report`` (its attack and metrics sections) and of the model on
@@ -490,6 +503,7 @@ def sanity_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, pa
         checks = [run_check(name, probe) for name in step.track(MODEL_CHECKS)]
         checks += [check(report) for check in step.track((accuracy_falls_with_eps, black_box_beats_white_box))]
     checks = sorted(checks, key=lambda check: list(CHECKS).index(check["name"]))
+    checks = [weak_model_advice(check, float(np.mean(clean_correct)), classifier.num_classes) for check in checks]
     return {"status": "ok", "settings": {**plan.sanity.as_dict(), "eps": eps}, "num_examples": len(y),
             "checks": checks, "num_warnings": sum(c["verdict"] == "warn" for c in checks),
             "timing": timing.as_dict(len(y))}

@@ -398,9 +398,52 @@ def _gallery(report: dict, gallery: Mapping[str, np.ndarray] | None) -> str:
             "change fills the range.</p>")
 
 
+def _settings(settings: dict) -> str:
+    """``settings`` (a plan's or a section's) as "key=value" text, unset ones left out."""
+    return ", ".join(f"{key}={value}" for key, value in settings.items()
+                     if value is not None and not isinstance(value, dict | list))
+
+
+def runnable_plan(plan: dict) -> dict:
+    """``plan`` (a report's, as ``Plan.as_dict`` writes it: one attack entry per epsilon, null
+    for unset settings) as a plan file that ``robustjax evaluate --plan`` reads back into the
+    same plan: unset settings left out, and consecutive attack entries that differ only in
+    epsilon joined into one epsilon sweep."""
+    def without_unset(value):
+        if isinstance(value, dict):
+            return {key: without_unset(part) for key, part in value.items() if part is not None}
+        return [without_unset(part) for part in value] if isinstance(value, list) else value
+
+    attacks: list[dict] = []
+    for entry in without_unset(plan.get("attacks", [])):
+        previous = attacks[-1] if attacks else {}
+        if {**previous, "eps": None} == {**entry, "eps": None} and "eps" in entry:
+            previous["eps"] = [*np.atleast_1d(previous["eps"]).tolist(), entry["eps"]]
+        else:
+            attacks.append(entry)
+    return {**without_unset(plan), "attacks": attacks}
+
+
+def _plan(plan: dict) -> str:
+    """The plan as run, one row per section (each attack its own row), then the whole plan as
+    JSON, a file ``robustjax evaluate --plan`` reads back."""
+    rows = [["run", escape(_settings(plan))]]
+    rows += [[f"attack: {escape(attack['name'])}", escape(_settings({k: v for k, v in attack.items() if k != "name"}))]
+             for attack in plan.get("attacks", [])]
+    for name, section in plan.items():
+        if isinstance(section, dict) and section.get("enabled") is not False:
+            text = _settings(section) + "".join(
+                f"; {key}: {', '.join(map(str, value)) if isinstance(value, list) else _settings(value)}"
+                for key, value in section.items() if isinstance(value, dict | list))
+            rows.append([escape(name), escape(text.removeprefix("; "))])
+    return table(["plan", "settings"], rows) + _details(
+        "the plan as JSON (save it as plan.json: <code>robustjax evaluate --plan plan.json</code> runs it again)",
+        _json(runnable_plan(plan)))
+
+
 def _reproduce(report: dict, gallery) -> str:
     keys = report.get("randomness") or {}
-    parts = [f"<p>Schema version {report['schema_version']}. The plan as run:</p>", _json(report["plan"])]
+    parts = [f"<p>Schema version {report['schema_version']}. The plan as run:</p>", _plan(report["plan"])]
     if keys:
         parts.append(table(["randomness", ""], [[escape(k), escape(v)] for k, v in keys.items() if k != "keys"]))
         parts.append(table(["section", "keys"], [[escape(k), escape(v if v is not None else "draws none")]

@@ -29,7 +29,8 @@ def render_sweep_html(table: analyze.Table, title: str) -> str:
     each figure against FLOPs and parameters and its Kendall tau matrix, with the rank
     correlations as tables. Raises ``analyze``'s ValueError for fewer than 2 networks."""
     correlations, costs = analyze.rank_correlations(table), analyze.cost_relation(table)
-    parts = [f"<p>{len(table.rows)} networks; figures: {page.escape(', '.join(table.figures))}.</p>"]
+    parts = [f"<p>{page.escape(table.context)} {len(table.rows)} networks; figures: "
+             f"{page.escape(', '.join(table.figures))}. {page.escape(analyze.noise_note(len(table.rows)))}</p>"]
     for cost in analyze.COSTS:
         parts.append(f"<h2 id=against-{cost}>Robustness against {cost}</h2>" + page.figure(
             _analysis_svg(lambda f, cost=cost: analyze.plot_costs(table, cost, f), f"sweep-{cost}"),

@@ -31,11 +31,29 @@ class Table:
     and every figure column. ``dimensions``: the search-dimension columns (ints or strings).
     ``figures``: accuracy columns in [0, 1], the first "clean", the rest noise types; a value may
     be None (failed), and such a row is left out of every statistic involving that column.
+    ``context``: what was swept, on which data, in a sentence (shown above the analysis).
     """
 
     rows: list[dict]
     dimensions: tuple[str, ...]
     figures: tuple[str, ...]
+    context: str = ""
+
+
+def tau_noise_level(n: int, z: float = 1.96) -> float:
+    """The |Kendall tau| that ``n`` unrelated rankings exceed with probability 5% (``z`` = 1.96):
+    ``z`` standard deviations of tau under independence, sqrt(2 (2n + 5) / (9 n (n - 1)))
+    (Kendall 1938; the normal approximation)."""
+    return z * math.sqrt(2 * (2 * n + 5) / (9 * n * (n - 1))) if n > 1 else math.inf
+
+
+def noise_note(n: int) -> str:
+    """What a rank correlation over ``n`` networks can tell apart from none."""
+    level = tau_noise_level(n)
+    if level >= 1:
+        return f"With {n} networks, no Kendall tau is distinguishable from no correlation."
+    return (f"With {n} networks, a Kendall tau within +-{level:.2f} is indistinguishable from no correlation "
+            "(5% level); see each pair's p-value.")
 
 
 def slug(name: str) -> str:
@@ -181,6 +199,7 @@ def plot_costs(table: Table, cost: str, path: pathlib.Path) -> None:
         y, x = _pairs(table, figure, cost)
         ax.scatter(x, y, s=14, alpha=0.7)
         ax.set(xscale="log", xlabel=cost, ylabel="accuracy", title=figure, ylim=(-0.02, 1.02))
+        ax.tick_params(axis="x", which="both", labelrotation=30, labelsize="small")  # minor labels of a short range
     fig.savefig(path, dpi=100)
 
 
@@ -205,26 +224,39 @@ def plot_correlations(table: Table, correlations: list[dict], path: pathlib.Path
 
 
 def _plot_dimensions(table: Table, effects: list[dict], path: pathlib.Path) -> None:
+    """Each figure's mean and std per value of each dimension; numeric values are joined by
+    lines, categorical ones (an NB201 edge's ops) are not, and each figure is shifted a little
+    so that their error bars stay apart."""
     fig, axes = _grid(max(len(table.dimensions), 1))
     for ax, dimension in zip(axes, table.dimensions):
-        for figure in table.figures:
+        for i, figure in enumerate(table.figures):
             rows = [e for e in effects if e["dimension"] == dimension and e["figure"] == figure]
-            ax.errorbar(range(len(rows)), [e["mean"] for e in rows], [e["std"] for e in rows],
-                        marker="o", capsize=3, label=figure)
-        ax.set_xticks(range(len(rows)), [str(e["value"]) for e in rows])
+            categorical = any(isinstance(e["value"], str) for e in rows)
+            shift = 0.3 * (i / max(len(table.figures) - 1, 1) - 0.5)
+            ax.errorbar(np.arange(len(rows)) + shift, [e["mean"] for e in rows], [e["std"] for e in rows],
+                        marker="o", capsize=3, label=figure, linestyle="none" if categorical else "-")
+        ax.set_xticks(range(len(rows)), [str(e["value"]) for e in rows], rotation=30, ha="right")
         ax.set(xlabel=dimension, ylabel="accuracy (mean +- std)", ylim=(-0.02, 1.02))
     if table.dimensions:
         axes[0].legend(fontsize="small")
     fig.savefig(path, dpi=100)
 
 
-def _plot_pareto(clean: np.ndarray, robust: np.ndarray, front: np.ndarray, figure: str,
+def _plot_pareto(clean: np.ndarray, robust: np.ndarray, front: np.ndarray, names: list[str], figure: str,
                  path: pathlib.Path) -> None:
+    """The networks and the Pareto front, each front point labelled with its networks' ids (one
+    point may stand for several networks with equal figures)."""
     fig = Figure(figsize=(5, 4), layout="constrained")
     ax = fig.subplots()
     ax.scatter(clean, robust, s=14, color="0.6", label="networks")
-    order = front[np.argsort(clean[front])]
-    ax.plot(clean[order], robust[order], "o-", color="C3", label="Pareto front")
+    order = front[np.argsort(clean[front], kind="stable")]
+    ax.plot(clean[order], robust[order], "o-", color="C3", label=f"Pareto front ({len(front)} networks)")
+    points: dict[tuple[float, float], list[str]] = {}
+    for i in order:
+        points.setdefault((clean[i], robust[i]), []).append(names[i])
+    for (x, y), ids in points.items():
+        ax.annotate(", ".join(ids[:3]) + (f" +{len(ids) - 3}" if len(ids) > 3 else ""), (x, y),
+                    textcoords="offset points", xytext=(4, 4), fontsize="x-small")
     ax.set(xlabel="clean", ylabel=figure, title=f"clean vs {figure}")
     ax.legend(fontsize="small")
     fig.savefig(path, dpi=100)
@@ -238,7 +270,7 @@ def _summary(table: Table, correlations: list[dict], effects: list[dict],
              fronts: dict[str, list[str]]) -> str:
     counts = (f"{len(table.rows)} networks, {len(table.dimensions)} search dimensions, "
               f"{len(table.figures)} figures.")
-    lines = ["# Sweep analysis", "", counts, "",
+    lines = ["# Sweep analysis", "", *([table.context, ""] if table.context else []), counts, "",
              "| figure | n | mean | min | max | best network |", "|---|---|---|---|---|---|"]
     for figure in table.figures:
         rows = [r for r in table.rows if r[figure] is not None]
@@ -253,7 +285,7 @@ def _summary(table: Table, correlations: list[dict], effects: list[dict],
     if defined:
         high = max(defined, key=lambda c: c["kendall_tau"])
         low = min(defined, key=lambda c: c["kendall_tau"])
-        lines += ["", "## Correlations (Kendall tau)", "",
+        lines += ["", "## Correlations (Kendall tau)", "", noise_note(len(table.rows)), "",
                   f"- strongest: {high['a']} / {high['b']}: {_fmt(high['kendall_tau'])}",
                   f"- weakest: {low['a']} / {low['b']}: {_fmt(low['kendall_tau'])}"]
     if len(table.figures) > 1 and table.dimensions:
@@ -306,7 +338,7 @@ def analyze(table: Table, out: str | pathlib.Path) -> dict:
         fronts[figure] = [r["arch_id"] for r in front_rows]
         name = f"pareto_{slug(figure)}"
         _write_csv(out / f"{name}.csv", front_rows, ["arch_id", "params", "flops", "clean", figure])
-        _plot_pareto(clean, robust, front, figure, out / f"{name}.png")
+        _plot_pareto(clean, robust, front, [r["arch_id"] for r in rows], figure, out / f"{name}.png")
         files += [f"{name}.csv", f"{name}.png"]
     for cost in COSTS:
         plot_costs(table, cost, out / f"scatter_{cost}.png")

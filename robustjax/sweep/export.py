@@ -98,7 +98,25 @@ def table(store: Store) -> Table:
                      **figures, "errors": errors})
     figure_names = [*(label for label in labels if label not in values),
                     *(k for k in (rows[0] if rows else {}) if k.startswith("worst "))]
-    return Table(rows=rows, dimensions=tuple(dimensions), figures=tuple(figure_names))
+    return Table(rows=rows, dimensions=tuple(dimensions), figures=tuple(figure_names), context=describe(store))
+
+
+def describe(store: Store) -> str:
+    """What the sweep in ``store`` evaluated, in a sentence: its networks and its data."""
+    definition = store.meta("definition")
+    networks, data = definition["networks"], definition["dataset"]
+    if "space" in networks:
+        space = dict(networks["space"])
+        kind = space.pop("kind")
+        settings = ", ".join(f"{key}={value}" for key, value in space.items() if not isinstance(value, dict | list))
+        origin = "standalone networks" if "standalone" in networks else "subnets of its supernet"
+        swept = f"NAS space {kind} ({settings}), {origin}"
+    elif "models" in networks:
+        swept = f"models {', '.join(networks['models'])}"
+    else:
+        swept = "zoo models trained by the plan's [training] table"
+    return (f"Swept: {swept}; each network on {data['examples']} examples of {data['name']} ({data['split']} "
+            f"split), under the plan's {len(definition['items'])} items.")
 
 
 def _network_figures(rows: list[dict], items: list[dict], labels: list[str]) -> tuple[dict, str]:
