@@ -55,7 +55,7 @@ from robustjax.evaluation import evaluate
 from robustjax.evaluation.items import ItemRunner, expand
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
-from robustjax.nas.population import from_supernet
+from robustjax.nas.population import choose_layout, from_supernet
 
 PLAN = {"batch_size": 256, "num_examples": 256, "seed": 0, "sanity": {"enabled": False},
         "attacks": [{"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": 0.1, "steps": 10}]}
@@ -163,12 +163,14 @@ def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarra
     return time.perf_counter() - start
 
 
-def fitting_sizes(supernet: rj.nas.Supernet, archs: list, dataset, plan, calibration: np.ndarray) -> dict[str, int]:
+def fitting_sizes(supernet: rj.nas.Supernet, archs: list, dataset, plan, calibration: np.ndarray,
+                  layout: str) -> dict[str, int]:
     """Per item, the most networks of a population of ``archs`` its program runs at once in
     the device's free memory (compiling each item's program for the memory analysis)."""
     runner = ItemRunner(dataset, plan)
-    population = from_supernet(supernet, archs, calibration=calibration)
-    return {item.labels[0]: runner.fitting_size(item, population.classifier, population.axes)
+    sequential = choose_layout(layout, len(archs), supernet.space) == "sequential"
+    population = from_supernet(supernet, archs, calibration=calibration, sequential=sequential)
+    return {item.labels[0]: runner.fitting_size(item, population.classifier, population.axes, sequential)
             for item in expand(plan)}
 
 
@@ -191,7 +193,7 @@ def inputs(space: str | rj.nas.SearchSpace, num_examples: int, calibration_image
 
 def measure(space: str | rj.nas.SearchSpace, *, networks: int, alone: int, torch: int, population_size: int,
             threads: int = 2, plan: dict = PLAN, calibration_images: int = CALIBRATION_IMAGES,
-            warm: bool = True) -> dict:
+            warm: bool = True, layout: str = "auto") -> dict:
     """The benchmark's rows (population, alone, their warm twins when ``warm``, torch when
     ``torch`` > 0, the machine's ceiling), the population's ratio over each, whether the
     shared networks' results agree, the population size each item runs at, compiles and
@@ -199,12 +201,12 @@ def measure(space: str | rj.nas.SearchSpace, *, networks: int, alone: int, torch
     supernet, dataset, calibration = inputs(space, plan["num_examples"], calibration_images)
     archs = supernet.space.sample(jax.random.key(0), networks)
     parsed = plan_from_dict(plan)
-    sizes = fitting_sizes(supernet, archs[:population_size], dataset, parsed, calibration)
+    sizes = fitting_sizes(supernet, archs[:population_size], dataset, parsed, calibration, layout)
     counter = CompileCounter()
 
     start, compiles = time.perf_counter(), counter.count
     population = evaluate_population(supernet, archs, dataset, parsed, calibration=calibration,
-                                     population_size=population_size)
+                                     population_size=population_size, layout=layout)
     population_s, population_compiles = time.perf_counter() - start, counter.count - compiles
 
     start, compiles = time.perf_counter(), counter.count
@@ -219,7 +221,8 @@ def measure(space: str | rj.nas.SearchSpace, *, networks: int, alone: int, torch
     rows = {"population": row(networks, population_s, population_compiles), "alone": row(alone, alone_s, alone_compiles)}
     if warm:
         start = time.perf_counter()
-        evaluate_population(supernet, archs, dataset, parsed, calibration=calibration, population_size=population_size)
+        evaluate_population(supernet, archs, dataset, parsed, calibration=calibration, population_size=population_size,
+                            layout=layout)
         rows["population_warm"] = row(networks, time.perf_counter() - start, 0)
         subnets = [supernet.subnet(arch, calibration=calibration) for arch in archs[:alone]]
         for subnet in subnets:
@@ -253,6 +256,8 @@ def main() -> None:
     parser.add_argument("--torch", type=int, default=8, help="subnets evaluated one at a time in PyTorch "
                         "(NB201 needs xautodl; 0: skip)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
+    parser.add_argument("--layout", default="auto", choices=rj.nas.population.LAYOUTS,
+                        help="how a population runs (nas.population.choose_layout; default: %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--scale", choices=["cifar"], help="cifar: --space nb201 --networks 4 --alone 1 --torch 2 "
                         "--population-size 4, 256 calibration images and no warm rows (NB201 C=16, N=5 on 32x32 "
@@ -264,7 +269,7 @@ def main() -> None:
         calibration_images, warm = CIFAR_CALIBRATION_IMAGES, False
     measured = measure(args.space, networks=args.networks, alone=args.alone, torch=args.torch,
                        population_size=args.population_size, threads=args.threads,
-                       calibration_images=calibration_images, warm=warm)
+                       calibration_images=calibration_images, warm=warm, layout=args.layout)
     rows = measured["results"]
     if args.torch:
         print(f"the machine's ceiling is {rows['machine_ceiling']['networks_per_hour'] / rows['torch']['networks_per_hour']:.1f}x "
@@ -279,10 +284,13 @@ def main() -> None:
           f"{measured['peak_rss_mib']} MiB")
     args.out.mkdir(parents=True, exist_ok=True)
     facts = machine_facts(())
-    path = args.out / f"nas_{args.space}.{facts['backend']}.json"
+    layout = "" if args.layout == "auto" else f"_{args.layout}"
+    path = args.out / f"nas_{args.space}{layout}.{facts['backend']}.json"
     path.write_text(json.dumps({
         "benchmark": "nas", "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": facts, "settings": {"space": args.space, "plan": PLAN, "population_size": args.population_size,
+                                       "layout": choose_layout(args.layout, args.population_size,
+                                                               rj.nas.space(args.space)),
                                        "calibration_images": calibration_images, "scale": args.scale},
         **measured}, indent=2) + "\n")
     print(f"written to {path}")

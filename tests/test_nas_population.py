@@ -14,7 +14,8 @@ from robustjax.evaluation.items import ItemRunner
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population, evaluate_population_batch
-from robustjax.nas.population import Population, from_supernet
+from robustjax.nas import nb201_net
+from robustjax.nas.population import Population, from_supernet, network_count
 from tests.helpers import count_compiles
 
 PLAN = plan_from_dict({"batch_size": 16, "num_examples": 24, "sanity": {"enabled": False}, "attacks": [
@@ -28,16 +29,20 @@ def calibration():
     return rj.nas.calibration_subset(rj.data.digits("train"), 512)
 
 
-@pytest.mark.parametrize("space_name", ["nb201_digits", "bignas_resnet_basic_digits"])
-def test_each_network_gets_the_results_it_gets_alone(space_name, calibration):
+@pytest.mark.parametrize("space_name, layout", [("nb201_digits", "sequential"), ("nb201_digits", "masks"),
+                                                ("bignas_resnet_basic_digits", "auto")])
+def test_each_network_gets_the_results_it_gets_alone(space_name, layout, calibration):
+    """Side by side (masks) and one after another (sequential: each NB201 edge runs only its
+    network's op)."""
     supernet = rj.nas.models.embedded_supernet(space_name)
     archs = supernet.space.sample(jax.random.key(0), 5)
     dataset = rj.data.digits("test")
     # Populations of 3: the second holds 2 networks and a copy of the first of them as padding.
-    results = evaluate_population(supernet, archs, dataset, PLAN, calibration=calibration, population_size=3)
+    results = evaluate_population(supernet, archs, dataset, PLAN, calibration=calibration, population_size=3,
+                                  layout=layout)
     assert [r["arch_id"] for r in results] == [a.arch_id for a in archs]
     images = dataset.arrays(limit=16)[0]
-    population = from_supernet(supernet, archs, calibration=calibration)
+    population = from_supernet(supernet, archs, calibration=calibration, sequential=layout == "sequential")
     logits = np.asarray(population.map(lambda clf, x: clf(x), images))
     for index in (0, 3):
         alone = supernet.subnet(archs[index], calibration=calibration)
@@ -47,6 +52,27 @@ def test_each_network_gets_the_results_it_gets_alone(space_name, calibration):
         assert results[index]["clean_accuracy"] == report["clean"]["accuracy"]
         assert [a["robust_accuracy"] for a in results[index]["attacks"]] == [
             a["robust_accuracy"] for a in report["attacks"]]
+
+
+def test_a_sequential_population_runs_only_each_networks_own_ops(monkeypatch):
+    """Counted at run time: one after another, a cell's average pooling runs on the edges
+    whose network chose it (ResNet cell 11472: none; cell 22: 3 of 6), 3 cells each; side
+    by side, every edge of every network computes it."""
+    runs = []
+    pool = nb201_net.avg_pool_3x3
+
+    def counted(x):
+        jax.debug.callback(lambda: runs.append(1))
+        return pool(x)
+
+    monkeypatch.setattr(nb201_net, "avg_pool_3x3", counted)
+    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    images = rj.data.digits("test").arrays(limit=4)[0]
+    for sequential in (True, False):
+        runs.clear()
+        population = from_supernet(supernet, [11472, 22], sequential=sequential)
+        jax.block_until_ready(population.map(lambda clf, x: clf(x), images))
+        assert len(runs) == 3 * 3 if sequential else len(runs) >= 3 * 6
 
 
 def test_sequences_give_each_network_the_flip_rates_it_gets_alone(calibration):
@@ -146,14 +172,17 @@ def test_a_population_too_large_for_memory_runs_in_parts_that_fit(calibration, m
         population = from_supernet(supernet, archs[:networks])
         return runner.memory_needed(fgsm, population.classifier, population.axes)
 
-    unconstrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=4)
+    # Side by side, memory grows with the networks (one after another, it hardly does).
+    unconstrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=4,
+                                        layout="masks")
     free = needed(4) // 2
     monkeypatch.setattr(items, "free_memory_bytes", lambda: free)
     sizes = []
     original = ItemRunner._run
-    monkeypatch.setattr(ItemRunner, "_run", lambda self, item, clf, axes: sizes.append(
-        (item.kind, items._networks(clf.params, axes))) or original(self, item, clf, axes))
-    constrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=4)
+    monkeypatch.setattr(ItemRunner, "_run", lambda self, item, clf, axes, sequential: sizes.append(
+        (item.kind, network_count(clf.params, axes))) or original(self, item, clf, axes, sequential))
+    constrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=4,
+                                      layout="masks")
     parts = [size for kind, size in sizes if kind == "attack"]
     assert 1 <= max(parts) < 4 and needed(max(parts)) <= free and sum(parts) >= 4
     for alone, together in zip(unconstrained, constrained):
@@ -163,7 +192,7 @@ def test_a_population_too_large_for_memory_runs_in_parts_that_fit(calibration, m
     monkeypatch.setattr(items, "free_memory_bytes", lambda: needed(1) - 1)
     with pytest.raises(items.PopulationTooLarge, match=r"one network needs about .* GiB for fgsm eps=0.1 at batch size 16, "
                        r"and .* GiB are free: pass a smaller batch_size \(--batch-size\)"):
-        evaluate_population(supernet, archs[:2], dataset, plan, population_size=2)
+        evaluate_population(supernet, archs[:2], dataset, plan, population_size=2, layout="masks")
 
 
 def test_score_based_attacks_and_streaming_metrics_give_each_network_its_own_result(calibration):
@@ -206,7 +235,8 @@ def test_exact_shapes_and_masks_give_the_same_results(calibration):
     for a, b in zip(masks, exact):
         assert a["arch_id"] == b["arch_id"] and a["clean_accuracy"] == b["clean_accuracy"]
         assert a["attacks"] == b["attacks"]
-    assert rj.nas.population.choose_layout("auto", 1) == "exact"
-    assert rj.nas.population.choose_layout("auto", 2) == "masks"
-    with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'exact'\), got 'mask'"):
+    choose, nb201 = rj.nas.population.choose_layout, rj.nas.space("nb201_digits")
+    assert choose("auto", 1) == "exact" and choose("auto", 2, supernet.space) == "masks"
+    assert choose("auto", 2, nb201) == "sequential" and choose("auto", 2, nb201, network_shards=2) == "masks"  # CPU
+    with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'sequential', 'exact'\), got 'mask'"):
         rj.nas.population.choose_layout("mask", 2)

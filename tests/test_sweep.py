@@ -20,7 +20,7 @@ from robustjax.cli.progress import NetworkDisplay
 from robustjax.evaluation import items
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
-from robustjax.nas.population import from_supernet
+from robustjax.nas.population import from_supernet, network_count
 from robustjax.sweep import Store, Sweep, SweepMismatch, engine, export, open_store, run_local
 from robustjax.sweep import store as store_module
 from robustjax.sweep.store import pack, unpack, worker_id
@@ -209,7 +209,7 @@ def test_a_population_forced_to_shrink_mid_way_gives_the_rows_of_an_unconstraine
     sweep's, example for example."""
     _, unconstrained, archs = nb201_sweep
     plan = plan_from_dict({"batch_size": 16, "num_examples": 24, "attacks": [{"name": "fgsm", "eps": 0.1}]})
-    sweep = Sweep(plan, space="nb201_digits", population_size=4, calibration_images=256)
+    sweep = Sweep(plan, space="nb201_digits", population_size=4, calibration_images=256, layout="masks")
     context = engine.context(sweep)
     fgsm = context.items[1]
     two = from_supernet(context.supernet, archs[:2], calibration=context.calibration)
@@ -217,8 +217,8 @@ def test_a_population_forced_to_shrink_mid_way_gives_the_rows_of_an_unconstraine
     monkeypatch.setattr(items, "free_memory_bytes", lambda: free)
     sizes = []
     original = context.runner._run
-    monkeypatch.setattr(context.runner, "_run", lambda item, clf, axes: sizes.append(
-        (item.kind, items._networks(clf.params, axes))) or original(item, clf, axes))
+    monkeypatch.setattr(context.runner, "_run", lambda item, clf, axes, sequential: sizes.append(
+        (item.kind, network_count(clf.params, axes))) or original(item, clf, axes, sequential))
     store, ids = open_store(sweep, str(tmp_path / "s.sqlite"), archs)
     shares = []
     run_local(sweep, store, ids, worker=worker_id(), on_item=lambda chunk, share: shares.append((len(chunk), share)))
@@ -250,10 +250,10 @@ def test_an_item_that_fails_on_one_network_is_recorded_and_the_sweep_goes_on(tmp
     mlp_params = rj.zoo.count_params(context.model("digits_mlp"))
     original = context.runner.run
 
-    def run(item, classifier, axes):
+    def run(item, classifier, axes, sequential):
         if item.kind == "attack" and rj.zoo.count_params(classifier) == mlp_params:
             raise RuntimeError("boom on the mlp")
-        return original(item, classifier, axes)
+        return original(item, classifier, axes, sequential)
 
     monkeypatch.setattr(context.runner, "run", run)
     store, ids = open_store(sweep, str(tmp_path / "s.sqlite"), sweep.models)

@@ -48,6 +48,7 @@ from robustjax.distributed import to_host
 from robustjax.evaluation import metric_suite, sanity
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import AttackRun, Plan
+from robustjax.nas.population import network_count, over_networks
 from robustjax.noise import flip, sequences
 from robustjax.precision import with_precision
 
@@ -182,15 +183,16 @@ def expand(plan: Plan) -> list[Item]:
     return items
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _predict(axes: Any, classifier: Classifier, x: jax.Array) -> jax.Array:
-    """(networks, batch) predicted classes."""
-    return jax.vmap(lambda p: jnp.argmax(classifier.replace(params=p)(x), -1), in_axes=(axes,))(classifier.params)
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _attack_success(run: AttackRun, axes: Any, classifier: Classifier, x: jax.Array, y: jax.Array,
-                    key: jax.Array) -> jax.Array:
+def _predict(axes: Any, sequential: bool, classifier: Classifier, x: jax.Array) -> jax.Array:
+    """(networks, batch) predicted classes."""
+    return over_networks(lambda p: jnp.argmax(classifier.replace(params=p)(x), -1), classifier.params, axes,
+                         sequential)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _attack_success(run: AttackRun, axes: Any, sequential: bool, classifier: Classifier, x: jax.Array,
+                    y: jax.Array, key: jax.Array) -> jax.Array:
     """(networks, epsilons, batch) success of the run's attack on every network, same key."""
     def one(params):
         member = classifier.replace(params=params)
@@ -198,12 +200,12 @@ def _attack_success(run: AttackRun, axes: Any, classifier: Classifier, x: jax.Ar
             return run.attack.sweep(member, x, y, key=key, eps=run.eps, restarts=run.restarts).success
         return run.attack(member, x, y, key=key).success[None]
 
-    return jax.vmap(one, in_axes=(axes,))(classifier.params)
+    return over_networks(one, classifier.params, axes, sequential)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _sequence_scores(name: str, preset: str, length: int, difficulty: int, axes: Any, classifier: Classifier,
-                     x: jax.Array, key: jax.Array) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
+def _sequence_scores(name: str, preset: str, length: int, difficulty: int, axes: Any, sequential: bool,
+                     classifier: Classifier, x: jax.Array, key: jax.Array) -> jax.Array:
     """(networks, 2, batch): each sequence's flip rate and top-5 distance on every network;
     the frames are made once and shared by the networks."""
     frames = sequences.sequence_frames(name, preset, length, difficulty, x, key)
@@ -211,7 +213,7 @@ def _sequence_scores(name: str, preset: str, length: int, difficulty: int, axes:
     def one(params):
         return jnp.stack(flip.per_sequence_scores(classifier.replace(params=params), frames, name, difficulty))
 
-    return jax.vmap(one, in_axes=(axes,))(classifier.params)
+    return over_networks(one, classifier.params, axes, sequential)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -234,9 +236,10 @@ class ItemRunner:
         self._sequence_batches: dict[int, list] = {}
         self._sizes: dict[tuple, int] = {}  # (program, networks) -> networks per run
 
-    def run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
+    def run(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> np.ndarray:
         """(networks, figures, examples): per network, correct under ``item`` (bool), or for
-        a sequence item each example's flip rate and top-5 distance (float32).
+        a sequence item each example's flip rate and top-5 distance (float32); ``sequential``
+        runs the networks one after another (``nas.population.over_networks``).
 
         A population whose program would not fit in a device's free memory runs in parts of
         the largest size that fits (:meth:`fitting_size`), the last part from the ladder of
@@ -245,23 +248,24 @@ class ItemRunner:
         """
         with jax.set_mesh(self.parallel.mesh):
             classifier = with_precision(classifier, self.plan.precision)
-            networks = _networks(classifier.params, axes)
-            size = self.fitting_size(item, classifier, axes)
+            networks = network_count(classifier.params, axes)
+            size = self.fitting_size(item, classifier, axes, sequential)
             parts = []
             for start in range(0, networks, size):
                 count = min(size, networks - start)
                 members = np.arange(start, start + rung(count, size, self.parallel.network_shards))
                 part = classifier if count == networks else classifier.replace(
                     params=_select(classifier.params, axes, np.minimum(members, start + count - 1)))
-                parts.append(self._run(item, part, axes)[:count])
+                parts.append(self._run(item, part, axes, sequential)[:count])
             return np.concatenate(parts)
 
-    def _run(self, item: Item, classifier: Classifier, axes: Any) -> np.ndarray:
+    def _run(self, item: Item, classifier: Classifier, axes: Any, sequential: bool) -> np.ndarray:
         classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
         if item.kind == "attack":
-            correct = self._correct(classifier, axes, self.batches)
+            correct = self._correct(classifier, axes, sequential, self.batches)
             success = np.concatenate([
-                to_host(_attack_success(item.run, axes, classifier, x, y, jax.random.fold_in(self.seed_key, b)))
+                to_host(_attack_success(item.run, axes, sequential, classifier, x, y,
+                                        jax.random.fold_in(self.seed_key, b)))
                 [:, :, mask] for b, (x, y, mask) in enumerate(self.batches)], axis=2)
             return correct[:, None] & ~success
         if item.kind == "corruption":
@@ -270,54 +274,56 @@ class ItemRunner:
             key = jax.random.fold_in(jax.random.fold_in(self.seed_key, s["index"]), s["severity"])
             corrupted = [(_corrupt(s["name"], s["severity"], preset, x, jax.random.fold_in(key, b)), y, mask)
                          for b, (x, y, mask) in enumerate(self.batches)]
-            return self._correct(classifier, axes, corrupted)[:, None]
+            return self._correct(classifier, axes, sequential, corrupted)[:, None]
         if item.kind == "sequence":
             static = self._sequence_static(item.settings)
-            return np.concatenate([to_host(_sequence_scores(*static, axes, classifier, x, key))[:, :, mask]
+            return np.concatenate([to_host(_sequence_scores(*static, axes, sequential, classifier, x, key))[:, :, mask]
                                    for x, key, mask in self._sequence_inputs(item.settings)], axis=2)
         if item.kind == "system_noise":
-            return self._correct(classifier, axes, self._system_noise_batches(item.settings))[:, None]
-        return self._correct(classifier, axes, self.batches)[:, None]
+            return self._correct(classifier, axes, sequential, self._system_noise_batches(item.settings))[:, None]
+        return self._correct(classifier, axes, sequential, self.batches)[:, None]
 
-    def memory_needed(self, item: Item, classifier: Classifier, axes: Any) -> int:
+    def memory_needed(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> int:
         """Bytes the item's program over this population needs on one device (XLA's
         memory analysis of the compiled program, which the run reuses)."""
         classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
         x, y, _ = self.batches[0]
         if item.kind == "attack":
-            lowered = _attack_success.lower(item.run, axes, classifier, x, y, self.seed_key)
+            lowered = _attack_success.lower(item.run, axes, sequential, classifier, x, y, self.seed_key)
         elif item.kind == "sequence":
             x, key, _ = next(self._sequence_inputs(item.settings))
-            lowered = _sequence_scores.lower(*self._sequence_static(item.settings), axes, classifier, x, key)
+            lowered = _sequence_scores.lower(*self._sequence_static(item.settings), axes, sequential, classifier, x,
+                                             key)
         else:
-            lowered = _predict.lower(axes, classifier, x)
+            lowered = _predict.lower(axes, sequential, classifier, x)
         stats = lowered.compile().memory_analysis()
         return stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
 
-    def fitting_size(self, item: Item, classifier: Classifier, axes: Any) -> int:
+    def fitting_size(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> int:
         """The most networks of this population that ``item``'s program runs at once within
         a device's free memory (all of them when they fit), from XLA's memory analysis of
         the compiled programs, which the run reuses; a multiple of the network shards.
         Raises :class:`PopulationTooLarge` when not even one network per shard fits."""
-        networks = _networks(classifier.params, axes)
+        networks = network_count(classifier.params, axes)
         # Attack and sequence items have programs of their own; the other items share one.
-        program = (item.labels if item.kind in ("attack", "sequence") else "predict", networks)
+        program = (item.labels if item.kind in ("attack", "sequence") else "predict", networks, sequential)
         if program not in self._sizes:
-            free, whole = free_memory_bytes(), self.memory_needed(item, classifier, axes)
+            free, whole = free_memory_bytes(), self.memory_needed(item, classifier, axes, sequential)
             self._sizes[program] = networks if whole <= free else self._largest_fitting(
-                item, classifier, axes, whole, free)
+                item, classifier, axes, sequential, whole, free)
         return self._sizes[program]
 
-    def _largest_fitting(self, item: Item, classifier: Classifier, axes: Any, whole: int, free: int) -> int:
+    def _largest_fitting(self, item: Item, classifier: Classifier, axes: Any, sequential: bool, whole: int,
+                         free: int) -> int:
         """The size that fits ``free`` bytes: estimated from the memory of the whole
         population (``whole`` bytes) and of the smallest one, linear in between, then
         halved while it does not fit, or grown while the next size fits (memory is nearly,
         not exactly, linear in the networks)."""
-        networks, unit = _networks(classifier.params, axes), self.parallel.network_shards
+        networks, unit = network_count(classifier.params, axes), self.parallel.network_shards
 
         def needed(size: int) -> int:
             return self.memory_needed(item, classifier.replace(params=_select(classifier.params, axes,
-                                                                             np.arange(size))), axes)
+                                                                             np.arange(size))), axes, sequential)
 
         least = whole if unit == networks else needed(unit)
         if least > free:
@@ -335,8 +341,8 @@ class ItemRunner:
         return size
 
     @staticmethod
-    def _correct(classifier: Classifier, axes: Any, batches: list) -> np.ndarray:
-        return np.concatenate([(to_host(_predict(axes, classifier, x)) == to_host(y)[None])[:, mask]
+    def _correct(classifier: Classifier, axes: Any, sequential: bool, batches: list) -> np.ndarray:
+        return np.concatenate([(to_host(_predict(axes, sequential, classifier, x)) == to_host(y)[None])[:, mask]
                                for x, y, mask in batches], axis=1)
 
     def _sequence_static(self, settings: dict) -> tuple[str, str, int, int]:
@@ -387,13 +393,6 @@ def free_memory_bytes() -> int:
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // len(devices)
-
-
-def _networks(params: Any, axes: Any) -> int:
-    """The length of the network axis (1 for a classifier that is not a population)."""
-    if isinstance(axes, tuple):
-        return max((_networks(p, a) for p, a in zip(params, axes)), default=1)
-    return 1 if axes is None else jax.tree.leaves(params)[0].shape[0]
 
 
 def _select(params: Any, axes: Any, members: Any) -> Any:

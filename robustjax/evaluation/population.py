@@ -56,7 +56,7 @@ def evaluate_population_batch(population: Population, dataset: ImageDataset, pla
     results = [{"arch_id": arch_id, "attacks": [], "corruptions": [], "sequences": [], "system_noise": [],
                 "per_example": {}} for arch_id in population.arch_ids]
     for item in expand(plan):
-        outcome = runner.run(item, population.classifier, population.axes)
+        outcome = runner.run(item, population.classifier, population.axes, population.sequential)
         for result, network_outcome in zip(results, outcome):
             result["per_example"].update(zip(item.labels, network_outcome))
             values = figures(item, network_outcome)
@@ -98,8 +98,8 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     check_population_plan(plan)
     if not isinstance(population_size, int) or population_size < 1:
         raise ValueError(f"population_size must be an int >= 1, got {population_size!r}")
-    if layout == "exact" and network_shards != 1:
-        raise ValueError("layout='exact' runs one network per program: it cannot split networks over network_shards")
+    if layout in ("exact", "sequential") and network_shards != 1:
+        raise ValueError(f"layout={layout!r} runs one network at a time: it cannot split networks over network_shards")
     images = None if calibration is None else calibration_subset(calibration)
     runner = ItemRunner(dataset, plan, DataParallel(plan.batch_size, network_shards=network_shards))
     by_id = {}
@@ -117,8 +117,8 @@ def _populations(supernet: Supernet, configs: list, calibration: np.ndarray | No
     """The populations of one resolution bucket, each with how many of its networks are real
     (the last masked one is padded with copies of its first network to the size
     ``items.rung`` gives: one of four sizes per item, so few programs)."""
-    # One network per program cannot split over network shards: a lone network is masked then.
-    if choose_layout(layout, len(configs)) == "exact" and network_shards == 1:
+    chosen = choose_layout(layout, len(configs), supernet.space, network_shards)
+    if chosen == "exact":
         for config in configs:
             yield exact_subnet(supernet, config, calibration=calibration), 1
         return
@@ -126,4 +126,5 @@ def _populations(supernet: Supernet, configs: list, calibration: np.ndarray | No
     for start in range(0, len(configs), size):
         chunk = configs[start:start + size]
         padded = rung(len(chunk), size, network_shards)
-        yield from_supernet(supernet, chunk + [chunk[0]] * (padded - len(chunk)), calibration=calibration), len(chunk)
+        yield from_supernet(supernet, chunk + [chunk[0]] * (padded - len(chunk)), calibration=calibration,
+                            sequential=chosen == "sequential"), len(chunk)

@@ -41,12 +41,14 @@ def build_supernet(space: Space, *, key: jax.Array) -> nnx.Module:
     return bignas_net.BigNASResNet(bignas_net.Shape.supernet(space), rngs=rngs)
 
 
-def choice(space: Space, arch: Any):
-    """The arrays that select ``arch`` in the supernet: (6, 5) op weights for NAS-Bench-201,
-    a :class:`~robustjax.nas.bignas_net.SubnetChoice` for BigNAS."""
+def choice(space: Space, arch: Any, *, op_indices: bool = False):
+    """The arrays that select ``arch`` in the supernet: (6, 5) one-hot op weights for
+    NAS-Bench-201, or with ``op_indices`` its (6,) op indices (each edge then runs its op
+    alone: ``nb201_net.SuperCell``), a :class:`~robustjax.nas.bignas_net.SubnetChoice` for
+    BigNAS."""
     config = check_space(space).resolve(arch)
     if isinstance(space, NB201Space):
-        return nb201_net.op_weights(config)
+        return nb201_net.op_indices(config) if op_indices else nb201_net.op_weights(config)
     return bignas_net.SubnetChoice.of(config)
 
 

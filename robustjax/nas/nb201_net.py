@@ -3,8 +3,8 @@
 :class:`NB201Network` is NAS-Bench-201's ``TinyNetwork`` for one cell, with its module names
 (``stem``, ``cells.{i}``, ``lastact``, ``classifier``), so xautodl's PyTorch state dicts
 convert one to one. :class:`NB201Supernet` keeps one weight set per (cell, edge, op) and
-takes each edge's op choice as data: a (6, 5) array of op weights, one-hot for a subnet, so
-one compiled program runs every cell, and its logits equal those of the standalone network
+takes each edge's op choice as data (one-hot op weights, or op indices), so one compiled
+program runs every cell, and its logits equal those of the standalone network
 loaded with that cell's weights (``subnet_weights``).
 """
 
@@ -67,16 +67,27 @@ class Cell(nnx.Module):
 
 class SuperCell(nnx.Module):
     """Every op of every edge: a 1x1 and a 3x3 ``ReLUConvBN`` per edge (the others have no
-    weights), mixed by per-edge op weights; an op of weight 0 is selected out, not multiplied
-    by 0, so no inf or NaN of an op a network does not use reaches the sum (0 * inf = NaN)."""
+    weights). Each edge takes its op as data, either way in one compiled program for every
+    cell:
+
+    - (6,) integer op indices (:func:`op_indices`): the edge runs that op alone
+      (``lax.switch``), so a network computes only its own ops; for inference, run one
+      network at a time (under ``vmap`` over networks a switch computes every op);
+    - (6, 5) one-hot op weights (:func:`op_weights`): every op runs and the chosen one is
+      selected, not multiplied in, so no inf or NaN of an op the network does not use
+      reaches the sum (0 * inf = NaN); batch norm may update its statistics (training,
+      recalibration)."""
 
     def __init__(self, channels: int, *, rngs: nnx.Rngs):
         self.conv1x1 = nnx.List([ReLUConvBN(channels, channels, 1, rngs=rngs) for _ in EDGES])
         self.conv3x3 = nnx.List([ReLUConvBN(channels, channels, 3, rngs=rngs) for _ in EDGES])
 
-    def __call__(self, x: jax.Array, op_weights: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, ops: jax.Array) -> jax.Array:
         def edge_output(edge: int, op: None, source: jax.Array) -> jax.Array:
-            w = op_weights[edge]  # in OPS order; "none" contributes nothing
+            if jnp.issubdtype(ops.dtype, jnp.integer):
+                branches = (jnp.zeros_like, lambda s: s, self.conv1x1[edge], self.conv3x3[edge], avg_pool_3x3)
+                return jax.lax.switch(ops[edge], branches, source)  # in OPS order
+            w = ops[edge]  # in OPS order; "none" contributes nothing
             outputs = (source, self.conv1x1[edge](source), self.conv3x3[edge](source), avg_pool_3x3(source))
             return sum(jnp.where(w[op] != 0, w[op] * out, 0) for op, out in enumerate(outputs, start=1))
 
@@ -146,18 +157,23 @@ class NB201Network(_Macro):
 
 
 class NB201Supernet(_Macro):
-    """The weight-sharing supernet of every cell; called with (6, 5) op weights per edge."""
+    """The weight-sharing supernet of every cell; called with its op choice (``SuperCell``)."""
 
     def __init__(self, space: NB201Space, *, rngs: nnx.Rngs):
         super().__init__(space, lambda c: SuperCell(c, rngs=rngs), rngs=rngs)
 
-    def __call__(self, x: jax.Array, op_weights: jax.Array) -> jax.Array:
-        return self._forward(x, lambda cell, h: cell(h, op_weights))
+    def __call__(self, x: jax.Array, ops: jax.Array) -> jax.Array:
+        return self._forward(x, lambda cell, h: cell(h, ops))
 
 
 def op_weights(config: NB201Config) -> np.ndarray:
     """The (6, 5) one-hot op weights that select ``config`` in the supernet."""
-    return np.eye(len(OPS), dtype=np.float32)[list(config.op_indices())]
+    return np.eye(len(OPS), dtype=np.float32)[list(op_indices(config))]
+
+
+def op_indices(config: NB201Config) -> np.ndarray:
+    """The (6,) op index per edge (in ``OPS``) that runs only ``config``'s ops in the supernet."""
+    return np.asarray(config.op_indices(), dtype=np.int32)
 
 
 def subnet_weights(supernet: dict, config: NB201Config) -> dict:

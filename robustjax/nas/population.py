@@ -11,9 +11,11 @@ leading network axis, with ``axes`` saying which (0) and which are shared (None)
 - independently trained networks of one architecture stack all their leaves
   (:meth:`Population.stack`).
 
-``population.map(fn, *args)`` is ``jax.vmap`` of ``fn(classifier, *args)`` over the
-networks, so attacks, corruptions and metrics take a population unchanged and return
-per-network results with a leading network axis.
+``population.map(fn, *args)`` applies ``fn(classifier, *args)`` to every network, so
+attacks, corruptions and metrics take a population unchanged and return per-network results
+with a leading network axis: side by side (``jax.vmap``), or, for a ``sequential``
+population, one network after another within the same program (``jax.lax.map``), where each
+NAS-Bench-201 edge runs only the op its network chose instead of every op.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from robustjax.classifier import Classifier
 from robustjax.nas import build
 from robustjax.nas.bignas import BigNASConfig, BigNASSpace
-from robustjax.nas.nb201 import NB201Config
+from robustjax.nas.nb201 import NB201Config, NB201Space
 from robustjax.nas.recalibrate import batch_norm_statistics
 from robustjax.nas.supernet import Supernet, through_supernet
 
@@ -41,19 +44,17 @@ class Population:
     classifier: Classifier
     axes: Any  # a prefix of classifier.params (as jax.vmap's in_axes): 0 per network, None shared
     arch_ids: tuple[str, ...]
+    sequential: bool = False  # networks one after another in one program, not side by side
 
     def __len__(self) -> int:
         return len(self.arch_ids)
 
     def map(self, fn: Callable[..., Any], *args) -> Any:
-        """``fn(classifier, *args)`` for every network at once (``jax.vmap`` over networks);
-        ``args`` are shared. Every output leaf gains a leading network axis."""
+        """``fn(classifier, *args)`` for every network (:func:`over_networks`); ``args`` are
+        shared. Every output leaf gains a leading network axis."""
         template = self.classifier
-
-        def one(params, *shared):
-            return fn(template.replace(params=params), *shared)
-
-        return jax.vmap(one, in_axes=(self.axes, *([None] * len(args))))(self.classifier.params, *args)
+        return over_networks(lambda params: fn(template.replace(params=params), *args), self.classifier.params,
+                             self.axes, self.sequential)
 
     def member(self, index: int) -> Classifier:
         """Network ``index`` alone, as a classifier."""
@@ -76,13 +77,32 @@ class Population:
         return cls(first.replace(params=stacked, name="population"), 0, tuple(c.name for c in classifiers))
 
 
-def _take(params: Any, axes: Any, index: int) -> Any:
-    """Network ``index``'s part of ``params``, whose in-axes prefix is ``axes``."""
+def over_networks(fn: Callable[[Any], Any], params: Any, axes: Any, sequential: bool = False) -> Any:
+    """``fn(one network's params)`` for every network of a population's ``params`` (network
+    axis 0 where the prefix ``axes`` says 0), stacked on a leading network axis: side by side
+    (``jax.vmap``), or, ``sequential``, one network after another in the same program
+    (``jax.lax.map``). Under ``vmap`` a branch on per-network data (an NB201 edge's switch on
+    its op index) computes every branch and selects; in turn, only the network's own runs."""
+    if not sequential:
+        return jax.vmap(fn, in_axes=(axes,))(params)
+    return jax.lax.map(lambda index: fn(_take(params, axes, index)), jnp.arange(network_count(params, axes)))
+
+
+def network_count(params: Any, axes: Any) -> int:
+    """The length of the network axis of ``params`` (1 for a classifier that is not a population)."""
+    if isinstance(axes, tuple):
+        return max((network_count(p, a) for p, a in zip(params, axes)), default=1)
+    return 1 if axes is None else jax.tree.leaves(params)[0].shape[0]
+
+
+def _take(params: Any, axes: Any, index: int | jax.Array) -> Any:
+    """Network ``index``'s part of ``params``, whose in-axes prefix is ``axes`` (``index`` may
+    be traced, the leaves NumPy arrays)."""
     if axes is None:
         return params
     if isinstance(axes, tuple):
         return tuple(_take(p, a, index) for p, a in zip(params, axes))
-    return jax.tree.map(lambda leaf: leaf[index], params)
+    return jax.tree.map(lambda leaf: jax.lax.dynamic_index_in_dim(leaf, index, keepdims=False), params)
 
 
 def resolve_configs(space: build.Space, archs: Sequence[Any]) -> list:
@@ -107,18 +127,29 @@ def resolution_buckets(space: build.Space, archs: Sequence[Any]) -> dict[int, li
     return buckets
 
 
-LAYOUTS = ("auto", "masks", "exact")
+LAYOUTS = ("auto", "masks", "sequential", "exact")
 
 
-def choose_layout(layout: str, networks: int) -> str:
+def choose_layout(layout: str, networks: int, space: build.Space | None = None, network_shards: int = 1) -> str:
     """How a bucket of ``networks`` subnets runs: ``"masks"`` (one population over the
-    supernet's shapes, one program for all) or ``"exact"`` (each subnet sliced to its own
-    shapes, one program each). ``"auto"`` takes exact shapes only for a lone network, which
-    has no program to share: on the 2-core CPU, masks give 6.5x the networks per hour of
-    exact shapes, whose compiles dominate (``benchmarks/README.md``, ``nas``)."""
+    supernet's shapes, the networks side by side: one program for all), ``"sequential"``
+    (the same program's networks one after another, each NB201 edge running only its
+    network's op) or ``"exact"`` (each subnet sliced to its own shapes, one program each).
+    ``"auto"`` takes exact shapes only for a lone network, which has no program to share
+    (on the 2-core CPU, masks give 6.5x the networks per hour of exact shapes, whose
+    compiles dominate), and runs NAS-Bench-201 populations sequentially on the CPU, where
+    side by side they compute every op of every edge (``benchmarks/README.md``, ``nas``).
+    Networks split over ``network_shards`` > 1 run side by side."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return ("exact" if networks == 1 else "masks") if layout == "auto" else layout
+    if layout != "auto":
+        return layout
+    if network_shards != 1:
+        return "masks"
+    if networks == 1:
+        return "exact"
+    in_turn = isinstance(space, NB201Space) and jax.default_backend() == "cpu"
+    return "sequential" if in_turn else "masks"
 
 
 def exact_subnet(supernet: Supernet, arch: Any, *, calibration: np.ndarray | None = None) -> Population:
@@ -128,10 +159,12 @@ def exact_subnet(supernet: Supernet, arch: Any, *, calibration: np.ndarray | Non
 
 
 def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.ndarray | None = None,
-                  batch_size: int = 256) -> Population:
+                  batch_size: int = 256, sequential: bool = False) -> Population:
     """Subnets ``archs`` of ``supernet`` as one population: shared weights, per-subnet op
     choices, and per-subnet batch-norm statistics recalibrated on ``calibration`` images
-    ([0, 1]) in one vmapped pass, or the supernet's own statistics when none are given."""
+    ([0, 1]) in one vmapped pass, or the supernet's own statistics when none are given;
+    ``sequential``: its networks run one after another (:class:`Population`), each NB201
+    subnet chosen by op indices, so that each edge runs only its op."""
     space = supernet.space
     buckets = resolution_buckets(space, archs)
     if len(buckets) > 1:
@@ -150,12 +183,14 @@ def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.n
         stats_axis = 0
     module.eval()
     graphdef = nnx.split(module, nnx.Param, nnx.BatchStat)[0]
+    if sequential:  # each NB201 edge runs its network's op alone
+        choices = jax.tree.map(lambda *c: np.stack(c), *[build.choice(space, c, op_indices=True) for c in configs])
     classifier = Classifier(
         params=(params, stats, choices),
         apply_fn=build.Resized(build.SupernetLogits(graphdef), build.resolution(space, configs[0])),
         num_classes=space.num_classes, input_shape=space.input_shape, mean=space.mean, std=space.std,
         name=f"population of {space.name}")
-    return Population(classifier, (None, stats_axis, 0), tuple(c.arch_id for c in configs))
+    return Population(classifier, (None, stats_axis, 0), tuple(c.arch_id for c in configs), sequential)
 
 
 def _with_statistics(module: nnx.Module, stats: nnx.State, statistics: list) -> nnx.State:

@@ -42,11 +42,13 @@ SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
 _SLOTS = {"nor_conv_1x1": "conv1x1", "nor_conv_3x3": "conv3x3"}  # a conv op -> its SuperCell weights
 
 
-def from_networks(space: build.Space, archs: Sequence[Any], networks: Sequence[Any]) -> Population:
+def from_networks(space: build.Space, archs: Sequence[Any], networks: Sequence[Any], *,
+                  sequential: bool = False) -> Population:
     """Standalone NB201 networks of cells ``archs`` (same C, N and classes: ``space``'s) as one
     population. ``networks[i]`` holds the weights of ``archs[i]``: an ``NB201Network`` module,
     its state (parameters and batch statistics), a classifier of it (``Supernet.subnet``) or
-    its ``nnx.to_pure_dict`` layout (``convert_nb201``, :func:`load_folder`)."""
+    its ``nnx.to_pure_dict`` layout (``convert_nb201``, :func:`load_folder`); ``sequential``:
+    the networks run one after another, each computing only its own ops (``Population``)."""
     _check_nb201(space, "from_networks")
     configs = resolve_configs(space, archs)
     if len(networks) != len(configs):
@@ -62,13 +64,13 @@ def from_networks(space: build.Space, archs: Sequence[Any], networks: Sequence[A
         embedded.append(embed(weights, config, layout))
     nnx.replace_by_pure_dict(state, jax.tree.map(lambda *leaves: jnp.asarray(np.stack(leaves)), *embedded))
     params, stats = nnx.split_state(state, nnx.Param, nnx.BatchStat)
-    choices = jnp.asarray(np.stack([build.choice(space, config) for config in configs]))
+    choices = jnp.asarray(np.stack([build.choice(space, config, op_indices=sequential) for config in configs]))
     classifier = Classifier(
         params=(params, stats, choices),
         apply_fn=build.Resized(build.SupernetLogits(graphdef), build.resolution(space, configs[0])),
         num_classes=space.num_classes, input_shape=space.input_shape, mean=space.mean, std=space.std,
         name=f"population of standalone {space.name} networks")
-    return Population(classifier, (0, 0, 0), tuple(config.arch_id for config in configs))
+    return Population(classifier, (0, 0, 0), tuple(config.arch_id for config in configs), sequential)
 
 
 def network(space: build.Space, arch: Any, weights: Mapping) -> Classifier:

@@ -69,7 +69,9 @@ class Sweep:
     ``nas.standalone.load_folder``; their own batch-norm statistics), or over
     ``models`` (zoo names or ``package.module:function``), one network each. A plan with a
     ``[training]`` table makes the networks the zoo ``models`` trained with each of its
-    technique sets, into folders under ``trained_dir``."""
+    technique sets, into folders under ``trained_dir``. ``layout``: how a population of
+    subnets runs, ``"auto"``, ``"masks"`` or ``"sequential"`` (``nas.population.choose_layout``;
+    a lone network runs at its own shapes)."""
 
     plan: Plan
     dataset: str = data.DEFAULT_DATASET
@@ -83,8 +85,14 @@ class Sweep:
     network_shards: int = 1  # devices the networks split over (the others split the examples)
     trained_dir: str | None = None
     weights: str | None = None
+    layout: str = "auto"
 
     def __post_init__(self):
+        if self.layout not in ("auto", "masks", "sequential"):  # a lone network runs at its own shapes anyway
+            raise ValueError(f"layout must be one of ['auto', 'masks', 'sequential'], got {self.layout!r}")
+        if self.layout == "sequential" and self.network_shards != 1:
+            raise ValueError("layout 'sequential' runs one network at a time: it cannot split networks over "
+                             "--network-shards")
         if (self.space is None) == (not self.models):
             raise ValueError("a sweep runs over a NAS space (--space) or a list of models (--models), one of the two")
         if isinstance(self.population_size, bool) or not isinstance(self.population_size, int) \
@@ -242,12 +250,14 @@ class Context:
             (spec,) = arch_ids
             return Population.stack([self.model(spec).replace(name=spec)])
         padded = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
+        layout = choose_layout(self.sweep.layout, pad_to, self.space, self.sweep.network_shards)
         if self.sweep.weights is not None:  # each file read once; the padding repeats the first network
             weights = self.standalone_weights(arch_ids)
-            return nas.standalone.from_networks(self.space, padded, weights + weights[:1] * (size - len(weights)))
-        if self.sweep.network_shards == 1 and choose_layout("auto", pad_to) == "exact":
+            return nas.standalone.from_networks(self.space, padded, weights + weights[:1] * (size - len(weights)),
+                                                sequential=layout == "sequential")
+        if layout == "exact":
             return exact_subnet(self.supernet, arch_ids[0], calibration=self.calibration)
-        return from_supernet(self.supernet, padded, calibration=self.calibration)
+        return from_supernet(self.supernet, padded, calibration=self.calibration, sequential=layout == "sequential")
 
     def evaluate(self, arch_ids: Sequence[str], missing: dict[str, list[str]], *, pad_to: int, worker: str,
                  on_train: Callable[[str, StepReport], None] | None = None) -> Iterator[list[dict]]:
@@ -348,7 +358,7 @@ class Context:
                    setup: float) -> list[dict]:
         started = time.perf_counter()
         try:
-            outcome = self.runner.run(item, population.classifier, population.axes)
+            outcome = self.runner.run(item, population.classifier, population.axes, population.sequential)
         except PopulationTooLarge:  # not one network fits: the sweep's settings are wrong for all, stop
             raise
         except Exception:  # find the networks it fails on, one at a time
@@ -361,7 +371,7 @@ class Context:
         started = time.perf_counter()
         try:
             population = self.population([arch_id], 1)
-            outcome = self.runner.run(item, population.classifier, population.axes)[0]
+            outcome = self.runner.run(item, population.classifier, population.axes, population.sequential)[0]
         except Exception as error:  # recorded for this network; the sweep goes on
             return self._failed(arch_id, key, error, worker, time.perf_counter() - started)
         return self._ok(arch_id, key, item, outcome, worker, time.perf_counter() - started)
