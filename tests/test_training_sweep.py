@@ -50,8 +50,8 @@ def grid(tmp_path_factory):
     calls = []
     original = ItemRunner.run
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ItemRunner, "run", lambda self, item, clf, axes: calls.append(
-            (item.kind, jax.tree.leaves(clf.params)[0].shape[0])) or original(self, item, clf, axes))
+        patch.setattr(ItemRunner, "run", lambda self, item, clf, axes, sequential: calls.append(
+            (item.kind, jax.tree.leaves(clf.params)[0].shape[0])) or original(self, item, clf, axes, sequential))
         assert _sweep(tmp, PLAN, "--quiet") == 0
     return tmp, Store.read(tmp / "s.sqlite"), calls
 

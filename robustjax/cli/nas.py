@@ -202,9 +202,10 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     ev.add_argument("--network-shards", type=int, default=1, help="devices the networks of a population split "
                     "over; the others split the examples (default: %(default)s)")
     ev.add_argument("--layout", choices=nas.population.LAYOUTS, default="auto",
-                    help="masks: subnets of a resolution share one program over the supernet's shapes; "
-                    "exact: each at its own shapes, one program each; auto: exact only for a lone network "
-                    "(default: %(default)s)")
+                    help="masks: subnets of a resolution side by side in one program over the supernet's shapes; "
+                    "sequential: one after another in that program, each NB201 edge running only its op; "
+                    "exact: each at its own shapes, one program each; auto: exact for a lone network, sequential "
+                    "for NB201 on the CPU, masks otherwise (default: %(default)s)")
     ev.add_argument("--out", help="JSON file for the per-network results")
     ev.add_argument("--quiet", action="store_true", help="no progress (a bar on a terminal, a line per population "
                     "otherwise); the table and errors still print")

@@ -234,7 +234,7 @@ class ItemRunner:
             self.seed_key = jax.random.key(plan.seed)
         self._variant_batches: dict[tuple, list] = {}
         self._sequence_batches: dict[int, list] = {}
-        self._sizes: dict[tuple, int] = {}  # (program, networks) -> networks per run
+        self._sizes: dict[tuple, int] = {}  # (program, networks, sequential) -> networks per run
 
     def run(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> np.ndarray:
         """(networks, figures, examples): per network, correct under ``item`` (bool), or for

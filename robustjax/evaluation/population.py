@@ -89,8 +89,8 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     used. The local devices form a mesh of ``network_shards`` x the rest: networks split
     over the first axis, examples over the second (a population is padded to a multiple of
     ``network_shards``). ``layout`` (``nas.population.choose_layout``) runs a resolution
-    bucket's subnets masked over the supernet's shapes in one program, or each at its own
-    shapes; ``"auto"`` takes exact shapes for a bucket of one. ``on_population`` receives
+    bucket's subnets in one program over the supernet's shapes, side by side (masks) or one
+    after another (sequential), or each at its own shapes (exact). ``on_population`` receives
     each population's results as they are done. An item whose population would not fit in a
     device's free memory runs it in parts of the largest size that fits; only one that not
     even a single network fits is refused, before it runs (``items.PopulationTooLarge``).

@@ -102,9 +102,12 @@ def table(store: Store) -> Table:
 
 
 def describe(store: Store) -> str:
-    """What the sweep in ``store`` evaluated, in a sentence: its networks and its data."""
+    """What the sweep in ``store`` evaluated, in a sentence: its networks and its data (empty
+    for a store that ``robustjax sweep run`` did not write, which lacks them)."""
     definition = store.meta("definition")
-    networks, data = definition["networks"], definition["dataset"]
+    networks, data = definition.get("networks"), definition.get("dataset")
+    if not isinstance(networks, dict) or not isinstance(data, dict):
+        return ""
     if "space" in networks:
         space = dict(networks["space"])
         kind = space.pop("kind")
