@@ -503,7 +503,8 @@ def sanity_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, pa
         checks = [run_check(name, probe) for name in step.track(MODEL_CHECKS)]
         checks += [check(report) for check in step.track((accuracy_falls_with_eps, black_box_beats_white_box))]
     checks = sorted(checks, key=lambda check: list(CHECKS).index(check["name"]))
-    checks = [weak_model_advice(check, float(np.mean(clean_correct)), classifier.num_classes) for check in checks]
+    clean_accuracy = float(np.mean(clean_correct))
+    checks = [weak_model_advice(check, clean_accuracy, classifier.num_classes) for check in checks]
     return {"status": "ok", "settings": {**plan.sanity.as_dict(), "eps": eps}, "num_examples": len(y),
             "checks": checks, "num_warnings": sum(c["verdict"] == "warn" for c in checks),
             "timing": timing.as_dict(len(y))}
