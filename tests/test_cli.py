@@ -10,7 +10,8 @@ import pytest
 
 from robustjax.cli import main
 from robustjax.compile_cache import use_compile_cache
-from robustjax.evaluation import default_plan, runner
+from robustjax.evaluation import default_plan
+from robustjax.evaluation.items import CLEAN, attack_item, record_name
 from robustjax.report import schema
 
 
@@ -94,10 +95,10 @@ def test_default_evaluation_as_in_the_quick_start(tmp_path):
     assert {m["index"] for m in metrics.values()} - {None} == set(range(1, 24))
     assert all(m["status"] == "ok" for m in metrics.values())
     # AAW is the PGD eps=0.1 entry's accuracy under attack, from its stored per-example record
-    records = runner.item_names(default_plan("digits"))
-    with np.load(tmp_path / "items" / f"{records['attack-1']}.npz") as pgd, \
-            np.load(tmp_path / "items" / f"{records['clean']}.npz") as clean_item:
-        under_attack, clean_correct = pgd["correct"][1], clean_item["correct"]
+    plan = default_plan("digits")
+    with np.load(tmp_path / "items" / f"{record_name(plan, attack_item(plan.runs[1]))}.npz") as pgd, \
+            np.load(tmp_path / "items" / f"{record_name(plan, CLEAN)}.npz") as clean_item:
+        under_attack, clean_correct = ~pgd["success"][1], clean_item["outcome"][0]
     entry = next(a for a in report["attacks"] if a["name"] == "pgd" and a["params"]["eps"] == 0.1)
     assert metrics["AAW"]["settings"]["entry"] == "pgd eps=0.1" and metrics["AAW"]["value"] == under_attack.mean()
     assert entry["robust_accuracy"] == (under_attack & clean_correct).mean()

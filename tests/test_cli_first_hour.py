@@ -154,7 +154,7 @@ def test_a_failing_evaluation_leaves_a_failed_report_with_its_error(tmp_path, ca
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(runner, "_clean_item", broken)
+    monkeypatch.setattr(runner, "clean_section", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["evaluate", "--plan", "whitebox", "--num-examples", "8", "--out", str(tmp_path)])
     report = read_report(tmp_path / "report.json")

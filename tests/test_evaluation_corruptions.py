@@ -7,7 +7,7 @@ import pytest
 
 import robustjax as rj
 from robustjax import metrics
-from robustjax.evaluation import Plan, evaluate, plan_from_dict, runner
+from robustjax.evaluation import Plan, evaluate, items, plan_from_dict, runner
 from robustjax.evaluation.plan import CorruptionRun
 from robustjax.report import schema
 
@@ -114,14 +114,14 @@ def test_corruption_accuracy_matches_a_direct_computation(corruption_report, dig
 
 
 def test_a_failing_corruption_is_recorded_and_the_rest_still_run(digits_clf, monkeypatch):
-    real = runner._corrupt
+    real = items._corrupt
 
     def flaky(name, severity, preset, x, key):
         if name == "brightness":
             raise RuntimeError("broken corruption")
         return real(name, severity, preset, x, key)
 
-    monkeypatch.setattr(runner, "_corrupt", flaky)
+    monkeypatch.setattr(items, "_corrupt", flaky)
     plan = Plan(runs=(), corruptions=CorruptionRun(names=("brightness", "contrast"), severities=(2,)),
                 batch_size=40, num_examples=40)
     report = evaluate(digits_clf, rj.data.digits("test"), plan)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import robustjax as rj
-from robustjax.evaluation import metric_suite, resume, runner
+from robustjax.evaluation import items, metric_suite, resume, runner
+from robustjax.evaluation.items import CLEAN, attack_item, corruption_item, record_name
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.metrics import behaviour
 from robustjax.report import schema
@@ -96,23 +97,25 @@ def test_values_agree_with_the_other_sections_and_with_each_other(report):
 
 
 def test_aaw_aab_and_mce_are_the_stored_records_of_the_items_they_name(stored):
-    report, items, _ = stored
+    report, items, store = stored
+    plan = _plan(16)
     values = {name: entry["value"] for name, entry in _by_name(report).items()}
-    clean_correct = items["clean"].arrays["correct"]
+    clean_correct = store.load(record_name(plan, CLEAN)).arrays["outcome"][0]
     # the metrics' FGSM at eps 0.2 is not among the plan's attacks: it is added as the last entry
     (entry,) = [a for a in report["attacks"] if a["name"] == "fgsm"]
     assert _by_name(report)["AAW"]["settings"]["entry"] == "fgsm eps=0.2"
-    adversarial_correct = items[f"attack-{len(report['attacks']) - 1}"].arrays["correct"][0]
-    assert values["AAW"] == adversarial_correct.mean()
-    assert entry["robust_accuracy"] == (adversarial_correct & clean_correct).mean()
-    differ = int((adversarial_correct & ~clean_correct).sum())
+    attack = store.load(record_name(plan, attack_item(plan.runs[-1]))).arrays
+    under_attack = ~attack["success"][0]  # AAW: accuracy on the adversarial examples of every example
+    assert values["AAW"] == under_attack.mean()
+    assert entry["robust_accuracy"] == (under_attack & clean_correct).mean() == attack["outcome"][0].mean()
+    differ = int((under_attack & ~clean_correct).sum())
     assert f"differ by {differ} such example(s) of 40" in _by_name(report)["AAW"]["settings"]["differs_from_robust_accuracy"]
     assert values["AAB"] == items["metrics"].arrays["transfer_correct"].mean()
     # mCE from the corruption items' per-example records of the model and the reference
-    records = [resume.Scoped(stored[2], runner.corruption_scope(_plan(16))).load(f"corruption-{i}-{name}")
-               for i, name in enumerate(CORRUPTIONS["names"])]
-    errors = np.array([1 - r.arrays["correct"].mean(axis=1) for r in records])
-    baseline = np.array([1 - r.arrays["baseline_correct"].mean(axis=1) for r in records])
+    records = [[store.load(record_name(plan, corruption_item(plan, index, severity))).arrays
+                for severity in plan.corruptions.severities] for index in range(len(CORRUPTIONS["names"]))]
+    errors = np.array([[1 - r["outcome"].mean() for r in severities] for severities in records])
+    baseline = np.array([[1 - r["reference_outcome"].mean() for r in severities] for severities in records])
     assert errors.shape == baseline.shape == (2, 2)
     assert values["mCE"] == pytest.approx(np.mean(errors.sum(1) / baseline.sum(1)), rel=1e-6)
 
@@ -141,6 +144,23 @@ def test_section_values_equal_the_library_functions_on_the_same_examples(report,
     assert values["ALD_2"] == pytest.approx(float(ald.l2), rel=1e-5)
     blurred = model(behaviour.blur_for_rgb(x_adv, 0.5))
     assert values["RGB"] == pytest.approx(float(behaviour.robustness_to_gaussian_blur(logits_adv, blurred, y)), rel=1e-5)
+
+
+def test_aaw_counts_every_example_the_attack_leaves_correctly_classified(datasets):
+    """AAW (accuracy under the white-box attack) is over every example's adversarial example,
+    robust accuracy only over those classified correctly clean: on random weights FGSM's
+    step of 1 moves some misclassified examples onto their true class, and AAW counts them."""
+    model = rj.zoo.create("digits_cnn", pretrained=False)
+    plan = _plan(32, num_examples=64, corruptions=None, reference=None, attack={"name": "fgsm", "eps": 1.0})
+    store = resume.MemoryStore()
+    report = rj.evaluation.evaluate(model, datasets[0], plan, store=store)
+    clean_correct = store.load(record_name(plan, CLEAN)).arrays["outcome"][0]
+    under_attack = ~store.load(record_name(plan, attack_item(plan.runs[-1]))).arrays["success"][0]
+    differ = int((under_attack & ~clean_correct).sum())
+    assert differ > 0
+    aaw = _by_name(report)["AAW"]
+    assert aaw["value"] == under_attack.mean() == report["attacks"][-1]["robust_accuracy"] + differ / 64
+    assert f"differ by {differ} such example(s) of 64" in aaw["settings"]["differs_from_robust_accuracy"]
 
 
 def test_missing_inputs_are_reported_as_skipped_with_a_reason(models, datasets):
@@ -190,7 +210,7 @@ def test_failed_corruptions_leave_mce_without_a_value_and_keep_the_other_metrics
     def broken(*args, **kwargs):
         raise RuntimeError("corruption exploded")
 
-    monkeypatch.setattr(runner, "_corrupt", broken)
+    monkeypatch.setattr(items, "_corrupt", broken)
     plan = _plan(20, num_examples=20, corruptions={**CORRUPTIONS, "names": ["brightness"], "severities": [1]})
     report = rj.evaluation.evaluate(model, datasets[0], plan, profile=datasets[1], reference=reference)
     entries = _by_name(report)

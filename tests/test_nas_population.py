@@ -179,8 +179,8 @@ def test_a_population_too_large_for_memory_runs_in_parts_that_fit(calibration, m
     monkeypatch.setattr(items, "free_memory_bytes", lambda: free)
     sizes = []
     original = ItemRunner._run
-    monkeypatch.setattr(ItemRunner, "_run", lambda self, item, clf, axes, sequential: sizes.append(
-        (item.kind, network_count(clf.params, axes))) or original(self, item, clf, axes, sequential))
+    monkeypatch.setattr(ItemRunner, "_run", lambda self, item, clf, axes, *rest: sizes.append(
+        (item.kind, network_count(clf.params, axes))) or original(self, item, clf, axes, *rest))
     constrained = evaluate_population(supernet, archs, dataset, plan, calibration=calibration, population_size=4,
                                       layout="masks")
     parts = [size for kind, size in sizes if kind == "attack"]

@@ -24,7 +24,8 @@ import pytest
 import robustjax as rj
 from robustjax import cli
 from robustjax.cli import evaluate as cli_evaluate
-from robustjax.evaluation import evaluate, plan_from_dict, resume, runner
+from robustjax.evaluation import evaluate, plan_from_dict, resume
+from robustjax.evaluation.items import ItemRunner
 from robustjax.evaluation.resume import Finished, ItemStore, StoreMismatch, run_item
 from robustjax.report import read_report
 
@@ -175,8 +176,7 @@ def test_a_rerun_reuses_the_items_and_after_a_plan_edit_reruns_only_the_edited_o
                                                                                     capsys, monkeypatch, digits_clf):
     out = shutil.copytree(workdir / "reference", tmp_path / "out")
     with monkeypatch.context() as patch:  # nothing is computed again
-        for name in ("clean_section", "attack_sections", "_corruption_item"):
-            patch.setattr(runner, name, lambda *a, name=name: pytest.fail(f"{name} ran again"))
+        patch.setattr(ItemRunner, "records", lambda self, item, *a, **k: pytest.fail(f"{item.kind} ran again"))
         assert _evaluate(capsys, "--plan", str(workdir / "plan.toml"), "--out", str(out))[0] == 0
     resumed = (out / "report.json").read_text()
     assert figures(json.loads(resumed)) == figures(reference)
@@ -184,15 +184,25 @@ def test_a_rerun_reuses_the_items_and_after_a_plan_edit_reruns_only_the_edited_o
     edited.write_text(PLAN.replace("steps = 3", "steps = 4"))
     ran = []
     with monkeypatch.context() as patch:
-        for name in ("clean_section", "attack_sections", "_corruption_item"):
-            original = getattr(runner, name)
-            patch.setattr(runner, name, lambda *a, name=name, original=original: ran.append(name) or original(*a))
+        original = ItemRunner.records
+        patch.setattr(ItemRunner, "records", lambda self, item, *a, **k: ran.append(item.kind) or original(
+            self, item, *a, **k))
         assert _evaluate(capsys, "--plan", str(edited), "--out", str(out))[0] == 0
-    assert ran == ["attack_sections"]
+    assert ran == ["attack"]
     report = _report(out)
     assert report["attacks"][1]["params"]["steps"] == 4
     assert figures(report["attacks"][0]) == figures(reference["attacks"][0])
     assert figures(report["corruptions"]) == figures(reference["corruptions"])
+    more = tmp_path / "more.toml"  # a severity added: each corruption runs at it alone
+    more.write_text(edited.read_text().replace("severities = [1]", "severities = [1, 3]"))
+    ran.clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(ItemRunner, "records", lambda self, item, *a, **k: ran.append(
+            (item.kind, item.settings.get("severity"))) or original(self, item, *a, **k))
+        assert _evaluate(capsys, "--plan", str(more), "--out", str(out))[0] == 0
+    assert ran == [("corruption", 3), ("corruption", 3)]
+    assert [r["accuracy"] for r in _report(out)["corruptions"]["results"] if r["severity"] == 1] == \
+        [r["accuracy"] for r in reference["corruptions"]["results"]]
     # other weights of the same shapes: another model, refused unless --fresh
     other = digits_clf.replace(params=jax.tree.map(lambda leaf: leaf * 1.001, digits_clf.params))
     monkeypatch.setattr(cli_evaluate, "load_model", lambda *args, **kwargs: other)

@@ -217,8 +217,8 @@ def test_a_population_forced_to_shrink_mid_way_gives_the_rows_of_an_unconstraine
     monkeypatch.setattr(items, "free_memory_bytes", lambda: free)
     sizes = []
     original = context.runner._run
-    monkeypatch.setattr(context.runner, "_run", lambda item, clf, axes, sequential: sizes.append(
-        (item.kind, network_count(clf.params, axes))) or original(item, clf, axes, sequential))
+    monkeypatch.setattr(context.runner, "_run", lambda item, clf, axes, *rest: sizes.append(
+        (item.kind, network_count(clf.params, axes))) or original(item, clf, axes, *rest))
     store, ids = open_store(sweep, str(tmp_path / "s.sqlite"), archs)
     shares = []
     run_local(sweep, store, ids, worker=worker_id(), on_item=lambda chunk, share: shares.append((len(chunk), share)))

@@ -34,7 +34,7 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -42,12 +42,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from robustjax import noise
+from robustjax.attacks.base import AttackResult
+from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset, from_arrays
 from robustjax.distributed import to_host
 from robustjax.evaluation import metric_suite, sanity
 from robustjax.evaluation.parallel import DataParallel
-from robustjax.evaluation.plan import AttackRun, Plan
+from robustjax.evaluation.plan import REFERENCE_BASELINE, AttackRun, Plan
+from robustjax.evaluation.progress import UNTRACKED, Step
+from robustjax.metrics.calibration import max_softmax
 from robustjax.nas.population import network_count, over_networks
 from robustjax.noise import flip, sequences
 from robustjax.precision import with_precision
@@ -150,11 +154,50 @@ def attack_label(run: AttackRun, params: dict) -> str:
     return f"{run.attack.name} eps={params['eps']:g}" if "eps" in params else run.attack.name
 
 
+CLEAN = Item("clean", {}, ("clean",))
+
+
+def record_name(plan: Plan, item: Item) -> str:
+    """The name under which ``robustjax evaluate`` keeps ``item``'s records
+    (``evaluation.resume``): its kind and key, the key of its rows in a sweep's store; for
+    the clean pass and a corruption with the ``"reference"`` baseline, whose records hold
+    the reference model's outcomes too, also that model's name."""
+    name = f"{item.kind}-{item.key_for(plan)}"
+    with_reference = item.kind == "clean" or (item.kind == "corruption" and plan.corruptions.baseline == REFERENCE_BASELINE)
+    return f"{name}-{plan.reference}" if with_reference and plan.reference is not None else name
+
+
+def attack_item(run: AttackRun) -> Item:
+    """The item of attack entry ``run`` (its figures unlabelled: :func:`expand` labels them)."""
+    return Item("attack", attack_settings(run), (), run)
+
+
+def corruption_item(plan: Plan, index: int, severity: int) -> Item:
+    """The item of the plan's corruption at position ``index``, at ``severity``."""
+    name = plan.corruptions.names[index]
+    settings = {"name": name, "severity": severity, "preset": plan.corruptions.preset, "index": index}
+    return Item("corruption", settings, (f"{name} {severity}",))
+
+
+def sequence_item(plan: Plan, index: int) -> Item:
+    """The item of the plan's ImageNet-P perturbation at position ``index``."""
+    run, name = plan.sequences, plan.sequences.names[index]
+    settings = {"name": name, "difficulty": run.difficulty, "length": run.length, "preset": run.preset,
+                "batch_size": run.batch_size, "index": index}
+    return Item("sequence", settings, (f"{name} flip_probability", f"{name} top5_distance"))
+
+
+def system_noise_item(plan: Plan, variant: noise.system.SystemNoiseVariant) -> Item:
+    """The item of one decoder x resize variant of the plan's system noise."""
+    settings = {"decoder": variant.decoder, "resize": variant.resize, "quality": plan.system_noise.quality}
+    return Item("system_noise", settings, (f"{variant.decoder}+{variant.resize}",))
+
+
 def expand(plan: Plan) -> list[Item]:
     """The plan's items, in the order they run; figure labels are unique within the plan
     (a repeated attack label gains its entry's position, ``"pgd eps=0.1 #3"``). The last,
     when the plan has sections that run per network, is the ``report`` item."""
-    items = [Item("clean", {}, ("clean",))]
+    items = [CLEAN]
     seen: set[str] = {"clean"}
     for position, run in enumerate(plan.runs):
         labels = []
@@ -164,41 +207,53 @@ def expand(plan: Plan) -> list[Item]:
             seen.add(labels[-1])
         items.append(Item("attack", attack_settings(run), tuple(labels), run))
     if plan.corruptions is not None:
-        for index, name in enumerate(plan.corruptions.names):
-            for severity in plan.corruptions.severities:
-                settings = {"name": name, "severity": severity, "preset": plan.corruptions.preset, "index": index}
-                items.append(Item("corruption", settings, (f"{name} {severity}",)))
+        items += [corruption_item(plan, index, severity) for index in range(len(plan.corruptions.names))
+                  for severity in plan.corruptions.severities]
     if plan.sequences is not None:
-        run = plan.sequences
-        for index, name in enumerate(run.names):
-            settings = {"name": name, "difficulty": run.difficulty, "length": run.length, "preset": run.preset,
-                        "batch_size": run.batch_size, "index": index}
-            items.append(Item("sequence", settings, (f"{name} flip_probability", f"{name} top5_distance")))
+        items += [sequence_item(plan, index) for index in range(len(plan.sequences.names))]
     if plan.system_noise is not None:
-        for variant in plan.system_noise.variants():
-            settings = {"decoder": variant.decoder, "resize": variant.resize, "quality": plan.system_noise.quality}
-            items.append(Item("system_noise", settings, (f"{variant.decoder}+{variant.resize}",)))
+        items += [system_noise_item(plan, variant) for variant in plan.system_noise.variants()]
     if per_network_sections(plan):
         items.append(Item(REPORT, {"plan": report_plan(plan).as_dict()}, report_labels(plan)))
     return items
 
 
+NORMS = ("linf", "l2", "l1", "l0")  # the perturbation norms an attack item records per example
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _predict(axes: Any, sequential: bool, classifier: Classifier, x: jax.Array) -> jax.Array:
-    """(networks, batch) predicted classes."""
-    return over_networks(lambda p: jnp.argmax(classifier.replace(params=p)(x), -1), classifier.params, axes,
-                         sequential)
+def _classify(axes: Any, sequential: bool, classifier: Classifier, x: jax.Array, y: jax.Array) -> dict:
+    """(networks, batch) per record: correct, top softmax probability, every logit finite."""
+    def one(params):
+        logits = classifier.replace(params=params)(x)
+        return {"outcome": jnp.argmax(logits, -1) == y, "confidence": max_softmax(logits),
+                "finite": jnp.isfinite(logits).all(axis=-1)}
+
+    return over_networks(one, classifier.params, axes, sequential)
+
+
+def _attack(run: AttackRun, classifier: Classifier, x: jax.Array, y: jax.Array, key: jax.Array) -> AttackResult:
+    """The entry's attack on one network, with a leading epsilon axis."""
+    if run.swept:
+        return run.attack.sweep(classifier, x, y, key=key, eps=run.eps, restarts=run.restarts)
+    return jax.tree.map(lambda a: a[None], run.attack(classifier, x, y, key=key))
+
+
+@jax.jit
+def _attack_fields(x_adv: jax.Array, success: jax.Array, queries: jax.Array, x: jax.Array) -> dict:
+    """(epsilons, batch) per record: success, queries and the perturbation's norms."""
+    delta = x_adv - x[None]
+    return {"success": success, "queries": queries,
+            **{norm: jax.vmap(lambda d, norm=norm: per_example_norm(d, norm))(delta) for norm in NORMS}}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _attack_success(run: AttackRun, axes: Any, sequential: bool, classifier: Classifier, x: jax.Array,
-                    y: jax.Array, key: jax.Array) -> jax.Array:
-    """(networks, epsilons, batch) success of the run's attack on every network, same key."""
+def _attack_records(run: AttackRun, axes: Any, sequential: bool, classifier: Classifier, x: jax.Array,
+                    y: jax.Array, key: jax.Array) -> dict:
+    """(networks, epsilons, batch) per record of the run's attack on every network, same key."""
     def one(params):
-        member = classifier.replace(params=params)
-        if run.swept:
-            return run.attack.sweep(member, x, y, key=key, eps=run.eps, restarts=run.restarts).success
-        return run.attack(member, x, y, key=key).success[None]
+        result = _attack(run, classifier.replace(params=params), x, y, key)
+        return _attack_fields(result.x_adv, result.success, result.queries, x)
 
     return over_networks(one, classifier.params, axes, sequential)
 
@@ -221,33 +276,80 @@ def _corrupt(name: str, severity: int, preset: str, x: jax.Array, key: jax.Array
     return noise.create(name, severity, preset)(x, key)
 
 
+def _joined(parts: list[dict[str, np.ndarray]], axis: int) -> dict[str, np.ndarray]:
+    """The records of ``parts`` joined along ``axis``."""
+    return {name: np.concatenate([part[name] for part in parts], axis=axis) for name in parts[0]}
+
+
+# (batch number, images, labels, host mask of real examples, adversarial examples per epsilon)
+OnAdversarial = Callable[[int, jax.Array, jax.Array, np.ndarray, jax.Array], None]
+# The evaluated examples are kept on the devices between items up to this size; larger sets stream.
+KEPT_BYTES = 1 << 30
+
+
 class ItemRunner:
-    """Runs items on populations over one dataset: the evaluated examples are read once
-    and kept as sharded batches (also in the sequences' batch size); the system-noise images
-    are made once per variant."""
+    """The one executor of plan items: runs any item of :func:`expand` on a population, or on
+    a lone network (``axes`` None: ``robustjax evaluate``), and records each example's
+    outcome. The evaluated examples are read once and kept as sharded batches (also in the
+    sequences' batch size) when they take at most ``KEPT_BYTES``, and streamed from the
+    dataset for every item otherwise; the system-noise images are made once per variant."""
 
     def __init__(self, dataset: ImageDataset, plan: Plan, parallel: DataParallel | None = None):
         self.dataset, self.plan = dataset, plan
         self.parallel = parallel or DataParallel(plan.batch_size)
+        examples = dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
+        self.keep = examples * int(np.prod(dataset.image_shape)) * 4 <= KEPT_BYTES
         with jax.set_mesh(self.parallel.mesh):
-            self.batches = list(self.parallel.batches(dataset, plan.num_examples))
             self.seed_key = jax.random.key(plan.seed)
-        self._variant_batches: dict[tuple, list] = {}
-        self._sequence_batches: dict[int, list] = {}
+        self._kept: dict[tuple, list] = {}  # (what, settings) -> batches
         self._sizes: dict[tuple, int] = {}  # (program, networks, sequential) -> networks per run
+
+    @property
+    def batches(self) -> list:
+        """The evaluated examples as sharded ``(x, y, host mask)`` batches of the plan's size."""
+        return self._batches(("examples",), lambda: self.parallel.batches(self.dataset, self.plan.num_examples))
+
+    def _batches(self, name: tuple, make: Callable[[], Iterator]) -> list | Iterator:
+        """``make()``'s batches, kept under ``name`` when the runner keeps its examples."""
+        if not self.keep:
+            return make()
+        if name not in self._kept:
+            with jax.set_mesh(self.parallel.mesh):
+                self._kept[name] = list(make())
+        return self._kept[name]
 
     def run(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> np.ndarray:
         """(networks, figures, examples): per network, correct under ``item`` (bool), or for
         a sequence item each example's flip rate and top-5 distance (float32); ``sequential``
-        runs the networks one after another (``nas.population.over_networks``).
+        runs the networks one after another (``nas.population.over_networks``)."""
+        return self.records(item, classifier, axes, sequential)["outcome"]
+
+    def records(self, item: Item, classifier: Classifier, axes: Any = None, sequential: bool = False, *,
+                step: Step = UNTRACKED, reference: Classifier | None = None, clean: np.ndarray | None = None,
+                on_adversarial: OnAdversarial | None = None) -> dict[str, np.ndarray]:
+        """Each example's records under ``item``, each (networks, figures, examples):
+        ``outcome`` (what :meth:`run` returns; for an attack, correct clean and not fooled);
+        for the clean pass, a corruption and a system-noise variant also ``confidence`` (top
+        softmax probability) and ``finite`` (every logit finite), and with ``reference`` (a
+        lone network: a baseline) its ``reference_outcome`` on the same images; for an
+        attack ``success``, ``queries`` and the perturbation's norms (:data:`NORMS`).
+
+        ``axes`` None: ``classifier`` is one network, which keeps the attacks' own fast paths
+        (compaction, nested epsilon grids); ``on_adversarial`` then sees each batch's
+        adversarial examples. An attack's outcome needs the networks' clean correctness,
+        (networks, examples): ``clean``, or a clean pass here. ``step`` advances per batch.
 
         A population whose program would not fit in a device's free memory runs in parts of
         the largest size that fits (:meth:`fitting_size`), the last part from the ladder of
         :func:`rung`; each network's outcome is the one it gets in any population. Runs under
         the runner's own mesh, whatever mesh the caller has set.
         """
+        if axes is not None and (on_adversarial is not None or reference is not None):
+            raise ValueError("on_adversarial and reference are for a lone network (axes None)")
         with jax.set_mesh(self.parallel.mesh):
             classifier = with_precision(classifier, self.plan.precision)
+            if axes is None:
+                return self._run(item, classifier, None, False, step, reference, clean, on_adversarial)
             networks = network_count(classifier.params, axes)
             size = self.fitting_size(item, classifier, axes, sequential)
             parts = []
@@ -256,46 +358,77 @@ class ItemRunner:
                 members = np.arange(start, start + rung(count, size, self.parallel.network_shards))
                 part = classifier if count == networks else classifier.replace(
                     params=_select(classifier.params, axes, np.minimum(members, start + count - 1)))
-                parts.append(self._run(item, part, axes, sequential)[:count])
-            return np.concatenate(parts)
+                part_clean = None if clean is None else clean[np.minimum(members, networks - 1)]
+                records = self._run(item, part, axes, sequential, step, None, part_clean)
+                parts.append({name: values[:count] for name, values in records.items()})
+            return _joined(parts, axis=0)
 
-    def _run(self, item: Item, classifier: Classifier, axes: Any, sequential: bool) -> np.ndarray:
+    def _run(self, item: Item, classifier: Classifier, axes: Any, sequential: bool, step: Step = UNTRACKED,
+             reference: Classifier | None = None, clean: np.ndarray | None = None,
+             on_adversarial: OnAdversarial | None = None) -> dict[str, np.ndarray]:
         classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
         if item.kind == "attack":
-            correct = self._correct(classifier, axes, sequential, self.batches)
-            success = np.concatenate([
-                to_host(_attack_success(item.run, axes, sequential, classifier, x, y,
-                                        jax.random.fold_in(self.seed_key, b)))
-                [:, :, mask] for b, (x, y, mask) in enumerate(self.batches)], axis=2)
-            return correct[:, None] & ~success
+            if clean is None:
+                clean = self._classified(classifier, axes, sequential, self.batches)["outcome"]
+            records = self._attacked(item.run, classifier, axes, sequential, step, on_adversarial)
+            return records | {"outcome": clean[:, None] & ~records["success"]}
+        if item.kind == "sequence":
+            static = self._sequence_static(item.settings)
+            return {"outcome": np.concatenate([
+                to_host(_sequence_scores(*static, axes, sequential, classifier, x, key))[:, :, mask]
+                for x, key, mask in step.track(self._sequence_inputs(item.settings))], axis=2)}
+        batches = [*step.track(self._images(item))]
+        records = {name: values[:, None] for name, values in self._classified(classifier, axes, sequential,
+                                                                             batches).items()}
+        if reference is not None:
+            records["reference_outcome"] = self._classified(self.parallel.replicate(reference), None, False,
+                                                            batches)["outcome"][:, None]
+        return records
+
+    def _images(self, item: Item) -> list | Iterator:
+        """The batches an item classifying images classifies: the evaluated examples, as a
+        corruption makes them, or as a system-noise variant decodes them."""
         if item.kind == "corruption":
             s = item.settings
             preset = s["preset"] or noise.default_preset(tuple(self.dataset.image_shape))
             key = jax.random.fold_in(jax.random.fold_in(self.seed_key, s["index"]), s["severity"])
-            corrupted = [(_corrupt(s["name"], s["severity"], preset, x, jax.random.fold_in(key, b)), y, mask)
-                         for b, (x, y, mask) in enumerate(self.batches)]
-            return self._correct(classifier, axes, sequential, corrupted)[:, None]
-        if item.kind == "sequence":
-            static = self._sequence_static(item.settings)
-            return np.concatenate([to_host(_sequence_scores(*static, axes, sequential, classifier, x, key))[:, :, mask]
-                                   for x, key, mask in self._sequence_inputs(item.settings)], axis=2)
+            return ((_corrupt(s["name"], s["severity"], preset, x, jax.random.fold_in(key, b)), y, mask)
+                    for b, (x, y, mask) in enumerate(self.batches))
         if item.kind == "system_noise":
-            return self._correct(classifier, axes, sequential, self._system_noise_batches(item.settings))[:, None]
-        return self._correct(classifier, axes, sequential, self.batches)[:, None]
+            return self._system_noise_batches(item.settings)
+        return self.batches
+
+    def _attacked(self, run: AttackRun, classifier: Classifier, axes: Any, sequential: bool, step: Step,
+                  on_adversarial: OnAdversarial | None) -> dict[str, np.ndarray]:
+        """(networks, epsilons, examples) per record of the attack entry ``run``, each batch
+        ``b`` with key ``fold_in(key(seed), b)``."""
+        parts = []
+        for b, (x, y, mask) in enumerate(step.track(self.batches)):
+            key = jax.random.fold_in(self.seed_key, b)
+            if axes is None:  # one network: the attack's own program, with its fast paths
+                result = _attack(run, classifier, x, y, key)
+                if on_adversarial is not None:
+                    on_adversarial(b, x, y, mask, result.x_adv)
+                fields = jax.tree.map(lambda a: a[None], _attack_fields(result.x_adv, result.success,
+                                                                        result.queries, x))
+            else:
+                fields = _attack_records(run, axes, sequential, classifier, x, y, key)
+            parts.append({name: to_host(values)[..., mask] for name, values in fields.items()})
+        return _joined(parts, axis=2)
 
     def memory_needed(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> int:
         """Bytes the item's program over this population needs on one device (XLA's
         memory analysis of the compiled program, which the run reuses)."""
         classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
-        x, y, _ = self.batches[0]
+        x, y, _ = next(iter(self.batches))
         if item.kind == "attack":
-            lowered = _attack_success.lower(item.run, axes, sequential, classifier, x, y, self.seed_key)
+            lowered = _attack_records.lower(item.run, axes, sequential, classifier, x, y, self.seed_key)
         elif item.kind == "sequence":
             x, key, _ = next(self._sequence_inputs(item.settings))
             lowered = _sequence_scores.lower(*self._sequence_static(item.settings), axes, sequential, classifier, x,
                                              key)
         else:
-            lowered = _predict.lower(axes, sequential, classifier, x)
+            lowered = _classify.lower(axes, sequential, classifier, x, y)
         stats = lowered.compile().memory_analysis()
         return stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
 
@@ -341,14 +474,15 @@ class ItemRunner:
         return size
 
     @staticmethod
-    def _correct(classifier: Classifier, axes: Any, sequential: bool, batches: list) -> np.ndarray:
-        return np.concatenate([(to_host(_predict(axes, sequential, classifier, x)) == to_host(y)[None])[:, mask]
-                               for x, y, mask in batches], axis=1)
+    def _classified(classifier: Classifier, axes: Any, sequential: bool, batches) -> dict[str, np.ndarray]:
+        """(networks, examples) per record of :func:`_classify` over ``batches``."""
+        return _joined([{name: to_host(values)[:, mask] for name, values in
+                         _classify(axes, sequential, classifier, x, y).items()} for x, y, mask in batches], axis=1)
 
     def _sequence_static(self, settings: dict) -> tuple[str, str, int, int]:
         """(name, preset, length, difficulty) of a sequence item, defaults filled in and
         checked as ``noise.evaluate_sequences`` checks them."""
-        x = self.batches[0][0]
+        x = next(iter(self.batches))[0]
         preset = settings["preset"] or noise.default_preset(tuple(self.dataset.image_shape))
         preset, length = sequences.check_arguments(x, settings["name"], self.seed_key, settings["length"],
                                                    settings["difficulty"], preset)
@@ -357,20 +491,19 @@ class ItemRunner:
     def _sequence_inputs(self, settings: dict) -> Iterator[tuple[jax.Array, jax.Array, np.ndarray]]:
         """Per batch of the sequences' batch size: images, key and host mask (``robustjax
         evaluate``'s keys)."""
-        size = settings["batch_size"]
-        if size not in self._sequence_batches:
-            parallel = DataParallel(size, network_shards=self.parallel.network_shards)
-            self._sequence_batches[size] = list(parallel.batches(self.dataset, self.plan.num_examples))
+        parallel = DataParallel(settings["batch_size"], network_shards=self.parallel.network_shards)
+        batches = self._batches(("sequences", settings["batch_size"]),
+                                lambda: parallel.batches(self.dataset, self.plan.num_examples))
         key = jax.random.fold_in(self.seed_key, settings["index"])
-        for b, (x, _, mask) in enumerate(self._sequence_batches[size]):
+        for b, (x, _, mask) in enumerate(batches):
             yield x, jax.random.fold_in(key, b), mask
 
-    def _system_noise_batches(self, settings: dict) -> list:
+    def _system_noise_batches(self, settings: dict) -> list | Iterator:
         """The evaluated images JPEG-encoded at the plan's quality, then decoded, resized and
         centre-cropped back to the dataset's size by the variant (RobustART's ImageNet-S)."""
         variant = noise.system.SystemNoiseVariant(settings["decoder"], settings["resize"])
-        cache_key = (variant, settings["quality"])
-        if cache_key not in self._variant_batches:
+
+        def decoded_batches() -> Iterator:
             images, labels = self.dataset.arrays(limit=self.plan.num_examples)
             crop = self.dataset.image_shape[0]
             decoded = []
@@ -381,8 +514,9 @@ class ItemRunner:
                 decoded.append(noise.system.to_grey(pixels) if self.dataset.image_shape[-1] == 1 else pixels)
             variant_set = from_arrays(np.stack(decoded), labels, num_classes=self.dataset.num_classes,
                                       name=f"{self.dataset.name} {variant.name}")
-            self._variant_batches[cache_key] = list(self.parallel.batches(variant_set, None))
-        return self._variant_batches[cache_key]
+            return self.parallel.batches(variant_set, None)
+
+        return self._batches(("system_noise", variant, settings["quality"]), decoded_batches)
 
 
 def free_memory_bytes() -> int:

@@ -7,11 +7,14 @@
   metrics' reference model and profiling set, the environment). A store whose fingerprint
   differs from the run's is refused, naming what differs, unless the run asks to start afresh;
 - one ``NAME.npz`` per finished item (the clean pass, each ``[[attacks]]`` entry, each
-  corruption, each sequence perturbation, the system noise, the metrics, the checks): its
-  report section as JSON text under ``section`` and its per-example records (correctness
-  under the item, the transferred examples' outcome, the metrics' accumulator states), read
-  back with ``allow_pickle=False``. ``NAME`` holds a hash of the item's settings
-  (:func:`content_name`), so a rerun after an edit to the plan reuses every item the edit
+  corruption at each severity, each sequence perturbation, each system-noise variant, the
+  metrics, the checks): its per-example records (``items.ItemRunner.records``: correctness
+  under the item and, for an attack, success, queries and perturbation norms; the
+  transferred examples' outcome, the metrics' accumulator states) and a JSON ``section``
+  (the seconds it took; the metrics' and checks' report sections), read back with
+  ``allow_pickle=False``. ``NAME`` holds a hash of the item's settings
+  (``items.record_name``, the key of the item's rows in a sweep's store, or
+  :func:`content_name`), so a rerun after an edit to the plan reuses every item the edit
   left unchanged.
 
 Every file is written to a temporary file in the same folder, flushed to disk and moved into
@@ -46,7 +49,7 @@ SECTION_KEY = "section"
 # Room an evaluation needs on disk beyond its per-example masks: the report and item sections.
 DISK_MARGIN_BYTES = 4 << 20
 # The layout of a store's items; a store of another format is refused, naming --fresh.
-STORE_FORMAT = 2
+STORE_FORMAT = 3
 
 
 class StoreMismatch(ValueError):
@@ -105,9 +108,18 @@ def fingerprint(classifier: Classifier, dataset: ImageDataset, plan: Plan, envir
 
 
 def expected_bytes(plan: Plan, num_examples: int) -> int:
-    """A small over-estimate of the disk an evaluation writes: one byte per example for the
-    clean mask and for each attack entry's mask, and a margin for the report and sections."""
-    return DISK_MARGIN_BYTES + num_examples * (1 + plan.num_attack_entries)
+    """A small over-estimate of the disk an evaluation writes: per example, 6 bytes for each
+    item that classifies images (the clean pass, each corruption severity and system-noise
+    variant: correct, confidence, finite), 22 for each attack epsilon (correct, success,
+    queries and four norms), 8 for each perturbation (flip rate, top-5 distance); and a
+    margin for the report and sections."""
+    classified = 1
+    if plan.corruptions is not None:
+        classified += len(plan.corruptions.names) * len(plan.corruptions.severities)
+    if plan.system_noise is not None:
+        classified += len(plan.system_noise.variants())
+    perturbations = 0 if plan.sequences is None else len(plan.sequences.names)
+    return DISK_MARGIN_BYTES + num_examples * (6 * classified + 22 * plan.num_attack_entries + 8 * perturbations)
 
 
 def check_output_folder(folder: str | Path) -> Path:

@@ -1,5 +1,11 @@
 """Runs an evaluation plan over a dataset and builds the report, one section at a time.
 
+Every clean, attack, corruption, sequence and system-noise item runs through the executor
+that runs a sweep's populations, ``items.ItemRunner``, here on the network alone (which
+keeps the attacks' own fast paths: compaction, nested epsilon grids), and each section is
+derived from the items' per-example records; the metrics read the adversarial examples of
+the attack entry they name as that entry makes them.
+
 Batches are padded to the plan's batch size (so every batch reuses one compiled program)
 and sharded over all local devices along the batch axis; padded examples are masked out
 of every count. After the clean pass and after each attack, ``on_update`` receives the
@@ -17,34 +23,41 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import importlib.metadata
 import os
 import platform
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import robustjax
 from robustjax import metrics, noise
-from robustjax.attacks.threat import per_example_norm
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.data.shift import ShiftSet
-from robustjax.distributed import to_host
 from robustjax.evaluation import metric_suite, natural_shift, progress, sanity
-from robustjax.evaluation.items import attack_label, attack_settings, jpeg_bytes
-from robustjax.evaluation.parallel import DataParallel, predict
+from robustjax.evaluation.items import (
+    CLEAN,
+    NORMS,
+    Item,
+    ItemRunner,
+    OnAdversarial,
+    attack_item,
+    attack_label,
+    attack_settings,
+    corruption_item,
+    record_name,
+    sequence_item,
+    system_noise_item,
+)
+from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import (
     BASELINES,
     REFERENCE_BASELINE,
     AttackRun,
     CorruptionRun,
     Plan,
-    SequenceRun,
-    SystemNoiseRun,
 )
 from robustjax.evaluation.progress import UNTRACKED, OnStep, Step
 from robustjax.evaluation.resume import (
@@ -61,25 +74,12 @@ from robustjax.output_folder import SCHEMA_VERSION
 from robustjax.precision import with_precision
 from robustjax.zoo.registry import count_params
 
-NORMS = ("linf", "l2", "l1", "l0")
 # Installed distributions whose version can change a figure (model code, numerics, decoders).
 VERSIONED = ("jaxlib", "flax", "numpy", "optax", "pillow", "opencv-python-headless", "opencv-python", "av")
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _corrupt(name: str, severity: int, preset: str, x: jax.Array, key: jax.Array) -> jax.Array:
-    return noise.create(name, severity, preset)(x, key)
-
-
 def _mean_or_none(values: np.ndarray) -> float | None:
     return float(np.mean(values)) if values.size else None
-
-
-@jax.jit
-def _confidence_and_prediction(classifier: Classifier, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Top softmax probability, predicted class, and whether every logit is finite."""
-    logits = classifier(x)
-    return metrics.calibration.max_softmax(logits), jnp.argmax(logits, axis=-1), jnp.isfinite(logits).all(axis=-1)
 
 
 def _reliability(confidence: np.ndarray, correct: np.ndarray) -> dict:
@@ -88,25 +88,28 @@ def _reliability(confidence: np.ndarray, correct: np.ndarray) -> dict:
     return {name: [None if np.isnan(v) else v for v in np.asarray(values).tolist()] for name, values in bins.items()}
 
 
-def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                  step: Step = UNTRACKED):
-    """Clean accuracy and calibration (RobustART's RMS calibration error and AURRA, ECE and its bins),
-    and the host mask of correctly classified examples. A model whose logits are not finite
-    on some example is refused: every later number would be meaningless. ``step`` advances
-    per batch."""
-    correct, confidence, finite = [], [], []
-    with timed() as timing:
-        for x, y, mask in step.track(parallel.batches(dataset, plan.num_examples)):
-            top, prediction, batch_finite = _confidence_and_prediction(classifier, x)
-            correct.append((to_host(prediction) == to_host(y))[mask])
-            confidence.append(to_host(top)[mask])
-            finite.append(to_host(batch_finite)[mask])
-    correct, confidence, finite = np.concatenate(correct), np.concatenate(confidence), np.concatenate(finite)
+def recorded(store: ItemStore | None, plan: Plan, item: Item, compute: Callable[[], dict[str, np.ndarray]]) -> Finished:
+    """``item``'s records, (figures, examples) each, and the ``seconds`` they took: read
+    from ``store`` (under ``items.record_name``), or ``compute()``d (``ItemRunner.records``
+    of one network), timed, and stored."""
+    def compute_timed() -> Finished:
+        with timed() as timing:
+            records = compute()
+        return Finished({"seconds": dataclasses.asdict(timing)}, {name: values[0] for name, values in records.items()})
+
+    return run_item(store, record_name(plan, item), compute_timed)
+
+
+def clean_section(clean: Finished, name: str) -> dict:
+    """Clean accuracy and calibration (RobustART's RMS calibration error and AURRA, ECE and
+    its bins) from the clean pass's records. A model (``name``) whose logits are not finite
+    on some example is refused: every later number would be meaningless."""
+    correct, confidence, finite = (clean.arrays[record][0] for record in ("outcome", "confidence", "finite"))
     if not finite.all():
         bad = np.flatnonzero(~finite)
-        raise ValueError(f"model {classifier.name!r} returns NaN or infinite logits for {bad.size} of the "
+        raise ValueError(f"model {name!r} returns NaN or infinite logits for {bad.size} of the "
                          f"{finite.size} evaluated examples (the first at index {bad[0]})")
-    section = {
+    return {
         "accuracy": float(correct.mean()),
         "num_correct": int(correct.sum()),
         "calibration": {
@@ -115,45 +118,8 @@ def clean_section(classifier: Classifier, dataset: ImageDataset, plan: Plan, par
             "aurra": float(metrics.calibration.aurra(confidence, correct)),
             "reliability": _reliability(confidence, correct),
         },
-        "timing": timing.as_dict(len(correct)),
+        "timing": Timing(**clean.section["seconds"]).as_dict(len(correct)),
     }
-    return section, correct
-
-
-def _clean_item(classifier: Classifier, reference: Classifier | None, dataset: ImageDataset, plan: Plan,
-                parallel: DataParallel, step: Step) -> Finished:
-    """The clean pass: its section and the per-example correctness of the model (and of
-    ``reference``, the baseline of relative mCE), which every later section reads."""
-    section, correct = clean_section(classifier, dataset, plan, parallel, step)
-    arrays = {"correct": correct}
-    if reference is not None:
-        arrays["reference_correct"] = np.concatenate([(to_host(predict(reference, x)) == to_host(y))[mask]
-                                                      for x, y, mask in parallel.batches(dataset, plan.num_examples)])
-    return Finished(section, arrays)
-
-
-# (batch number, images, labels, host mask of real examples, adversarial examples of one epsilon)
-OnAdversarial = Callable[[int, jax.Array, jax.Array, np.ndarray, jax.Array], None]
-
-
-def _attack_batches(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                    step: Step, on_adversarial: tuple[int, OnAdversarial] | None = None):
-    """Yields, per batch, the host mask and the per-epsilon results (leading axis: epsilon).
-    ``on_adversarial`` (epsilon index, consumer) receives that epsilon's adversarial examples
-    of each batch as they are made."""
-    key = jax.random.key(plan.seed)
-    for index, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
-        batch_key = jax.random.fold_in(key, index)
-        if run.swept:
-            result = run.attack.sweep(classifier, x, y, key=batch_key, eps=run.eps, restarts=run.restarts)
-        else:
-            result = jax.tree.map(lambda a: a[None], run.attack(classifier, x, y, key=batch_key))
-        if on_adversarial is not None:
-            entry, consume = on_adversarial
-            consume(index, x, y, mask, result.x_adv[entry])
-        delta = result.x_adv - x[None]
-        norms = {norm: jax.vmap(lambda d: per_example_norm(d, norm))(delta) for norm in NORMS}
-        yield mask, {"success": result.success, "queries": result.queries, **norms}
 
 
 def _share(part, whole) -> float | None:
@@ -161,40 +127,28 @@ def _share(part, whole) -> float | None:
     return int(part) / int(whole) if int(whole) else None
 
 
-def attack_sections(
-    run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
-    parallel: DataParallel, clean_correct: np.ndarray, step: Step = UNTRACKED,
-    on_adversarial: tuple[int, OnAdversarial] | None = None,
-) -> tuple[list[dict], list[np.ndarray]]:
+def attack_records(run: AttackRun, runner: ItemRunner, classifier: Classifier, clean_correct: np.ndarray,
+                   step: Step = UNTRACKED, on_adversarial: OnAdversarial | None = None) -> dict[str, np.ndarray]:
+    """The records of attack entry ``run`` on the network (``ItemRunner.records``), the
+    examples' clean correctness given; ``on_adversarial`` sees each batch's adversarial
+    examples, and the time it spends is taken off the records' ``seconds`` by
+    :func:`_attack_item`."""
+    return runner.records(attack_item(run), classifier, step=step, clean=clean_correct[None],
+                          on_adversarial=on_adversarial)
+
+
+def attack_sections(run: AttackRun, attack: Finished, clean_correct: np.ndarray) -> list[dict]:
     """Robust accuracy, success rate, perturbation norms, queries and timing of one plan
-    entry: one section per epsilon of its sweep, and per section the host mask of the
-    examples the attack did not fool (correct under attack). ``step`` advances per batch;
-    ``on_adversarial`` sees one epsilon's adversarial examples (:func:`_attack_batches`)."""
-    columns: dict[str, list[np.ndarray]] = {}
-    consumed = Timing()  # what on_adversarial spends is not the attack's time
-
-    def consume(*args) -> None:
-        with timed() as spent:
-            on_adversarial[1](*args)
-        consumed.wall_s += spent.wall_s
-        consumed.compile_s += spent.compile_s
-
-    watched = None if on_adversarial is None else (on_adversarial[0], consume)
-    with timed() as timing:
-        for mask, values in _attack_batches(run, classifier, dataset, plan, parallel, step, watched):
-            for name, value in values.items():
-                columns.setdefault(name, []).append(to_host(value)[:, mask])
-    timing = Timing(timing.wall_s - consumed.wall_s, timing.compile_s - consumed.compile_s)
-    columns = {name: np.concatenate(parts, axis=1) for name, parts in columns.items()}
-    adversarial_correct = ~columns["success"]  # (epsilons, examples)
+    entry, one section per epsilon of its sweep, from its records (``attack``)."""
+    records = attack.arrays
     # RobustART's counts: correct clean and under each epsilon's attack.
     counts = metrics.robustart.AdversarialRobustnessStats.empty(len(run.entries())).update(
-        clean_correct, adversarial_correct)
-    timing_fields = {**timing.as_dict(clean_correct.size), "grid_size": len(run.entries())}
+        clean_correct, records["outcome"])
+    timing_fields = {**Timing(**attack.section["seconds"]).as_dict(clean_correct.size), "grid_size": len(run.entries())}
     sections = []
     for i, params in enumerate(run.entries()):
-        fooled = clean_correct & ~adversarial_correct[i]  # correctly classified examples the attack flipped
-        norms = {norm: columns[norm][i][fooled] for norm in NORMS}
+        fooled = clean_correct & ~records["outcome"][i]  # correctly classified examples the attack flipped
+        norms = {norm: records[norm][i][fooled] for norm in NORMS}
         num_fooled = int(counts.clean_correct) - int(counts.robust_correct[i])
         sections.append({
             "name": run.attack.name,
@@ -210,11 +164,37 @@ def attack_sections(
                 "l0_mean": _mean_or_none(norms["l0"]),
                 "l2_median": float(np.median(norms["l2"])) if norms["l2"].size else None,
             },
-            "queries_mean": float(columns["queries"][i].mean()),
-            "queries_median": float(np.median(columns["queries"][i])),
+            "queries_mean": float(records["queries"][i].mean()),
+            "queries_median": float(np.median(records["queries"][i])),
             "timing": timing_fields,
         })
-    return sections, list(adversarial_correct)
+    return sections
+
+
+def _attack_item(store: ItemStore | None, plan: Plan, run: AttackRun, runner: ItemRunner, classifier: Classifier,
+                 clean_correct: np.ndarray, step: Step, on_adversarial: OnAdversarial | None) -> Finished:
+    """The records of attack entry ``run``, from ``store`` unless ``on_adversarial`` must see
+    its adversarial examples (the metrics read them as they are made: it then runs even when
+    stored); the consumer's time is not the attack's."""
+    if on_adversarial is None:
+        return recorded(store, plan, attack_item(run), lambda: attack_records(run, runner, classifier, clean_correct,
+                                                                               step))
+    consumed = Timing()
+
+    def consume(*args) -> None:
+        with timed() as spent:
+            on_adversarial(*args)
+        consumed.wall_s += spent.wall_s
+        consumed.compile_s += spent.compile_s
+
+    finished = recorded(None, plan, attack_item(run),
+                        lambda: attack_records(run, runner, classifier, clean_correct, step, consume))
+    seconds = finished.section["seconds"]
+    finished.section["seconds"] = {"wall_s": seconds["wall_s"] - consumed.wall_s,
+                                   "compile_s": seconds["compile_s"] - consumed.compile_s}
+    if store is not None:
+        store.save(record_name(plan, attack_item(run)), finished)
+    return finished
 
 
 def worst_case_section(attacks: list[tuple[dict, np.ndarray]], clean_correct: np.ndarray) -> list[dict]:
@@ -240,53 +220,46 @@ def worst_case_section(attacks: list[tuple[dict, np.ndarray]], clean_correct: np
     return entries
 
 
-def _corruption_item(name: str, index: int, preset: str, run: CorruptionRun, classifier: Classifier,
-                     baseline: Classifier | None, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                     step: Step) -> Finished:
-    """Accuracy under corruption ``name`` (position ``index`` in the plan) at every severity,
-    and the per-example correctness behind it, (severities, examples); ``baseline`` (the
-    reference model of a ``"reference"`` baseline) classifies the same corrupted images.
-    ``step`` advances per batch and severity."""
-    seed_key = jax.random.key(plan.seed)
-    models = {"correct": classifier} | ({} if baseline is None else {"baseline_correct": baseline})
-    with timed() as timing:
-        outcomes = {kind: [] for kind in models}
-        for severity in run.severities:
-            key = jax.random.fold_in(jax.random.fold_in(seed_key, index), severity)
-            correct = {kind: [] for kind in models}
-            for batch, (x, y, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
-                corrupted = _corrupt(name, severity, preset, x, jax.random.fold_in(key, batch))
-                for kind, model in models.items():
-                    correct[kind].append((to_host(predict(model, corrupted)) == to_host(y))[mask])
-            for kind in models:
-                outcomes[kind].append(np.concatenate(correct[kind]))
-    outcomes = {kind: np.stack(rows) for kind, rows in outcomes.items()}
+def _corruption_results(store: ItemStore | None, plan: Plan, index: int, runner: ItemRunner, classifier: Classifier,
+                        baseline: Classifier | None, step: Step) -> tuple[list[dict], list[dict]]:
+    """Accuracy under the plan's corruption at position ``index``, one result per severity
+    (each severity one item), and the items' ``seconds``; ``baseline`` (the reference model
+    of a ``"reference"`` baseline) classifies the same corrupted images. ``step`` advances
+    per batch and severity."""
+    run = plan.corruptions
+    name = run.names[index]
     family = noise.get(name).family
-    results = [{"name": name, "family": family, "severity": severity, "accuracy": float(correct.mean()),
-                "error": 1.0 - float(correct.mean())} for severity, correct in zip(run.severities, outcomes["correct"])]
-    if baseline is not None:
-        for result, correct in zip(results, outcomes["baseline_correct"]):
-            result["baseline_error"] = 1.0 - float(correct.mean())
-    return Finished({"results": results, "seconds": dataclasses.asdict(timing)}, outcomes)
+    results, seconds = [], []
+    for severity in run.severities:
+        item = corruption_item(plan, index, severity)
+        records = recorded(store, plan, item, lambda: runner.records(item, classifier, step=step, reference=baseline))
+        correct = records.arrays["outcome"][0]
+        result = {"name": name, "family": family, "severity": severity, "accuracy": float(correct.mean()),
+                  "error": 1.0 - float(correct.mean())}
+        if baseline is not None:
+            result["baseline_error"] = 1.0 - float(records.arrays["reference_outcome"][0].mean())
+        results.append(result)
+        seconds.append(records.section["seconds"])
+    return results, seconds
 
 
-def _named_items(store: ItemStore | None, kind: str, names: tuple[str, ...], section: dict,
-                 on_progress: Callable[[dict], None], on_step: OnStep, units: int,
-                 compute: Callable[[int, str, Step], Finished]) -> list[dict]:
-    """Runs one item per name, ``{kind}-{index}-{name}``, adding its ``results`` to
-    ``section``, or its error to ``section["failed"]`` when it raises (the other names still
-    run); ``on_progress`` receives the section after each. Each item is a step of ``units``
-    for ``on_step``. Returns the items' ``seconds``."""
+def _named_items(kind: str, names: tuple[str, ...], section: dict, on_progress: Callable[[dict], None],
+                 on_step: OnStep, units: int,
+                 compute: Callable[[int, Step], tuple[list[dict], list[dict]]]) -> list[dict]:
+    """Runs the items of each name (``compute``: its results and their items' ``seconds``),
+    adding its results to ``section``, or its error to ``section["failed"]`` when one raises
+    (the other names still run); ``on_progress`` receives the section after each name, a
+    step of ``units`` for ``on_step``. Returns the items' ``seconds``."""
     seconds = []
     for index, name in enumerate(names):
         try:
             with progress.step(on_step, f"{kind} {name}", units) as step:
-                finished = run_item(store, f"{kind}-{index}-{name}", lambda: compute(index, name, step))
+                results, spent = compute(index, step)
         except Exception as error:  # recorded in the report; the other names still run
             section["failed"].append({"name": name, "error": f"{type(error).__name__}: {error}"})
         else:
-            section["results"].extend(finished.section["results"])
-            seconds.append(finished.section["seconds"])
+            section["results"].extend(results)
+            seconds.extend(spent)
         on_progress(section)
     return seconds
 
@@ -297,16 +270,16 @@ def _total(seconds: list[dict]) -> Timing:
 
 
 def corruption_section(
-    run: CorruptionRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-    clean_correct: np.ndarray, on_progress: Callable[[dict], None], store: ItemStore | None = None,
-    on_step: OnStep = progress.ignore, reference: Classifier | None = None,
-    reference_correct: np.ndarray | None = None,
+    runner: ItemRunner, classifier: Classifier, plan: Plan, clean_correct: np.ndarray,
+    on_progress: Callable[[dict], None], store: ItemStore | None = None, on_step: OnStep = progress.ignore,
+    reference: Classifier | None = None, reference_correct: np.ndarray | None = None,
 ) -> dict:
     """Accuracy under every corruption and severity, and the corruption errors (mCE and
     relative mCE when the run names a baseline: a published table, or ``reference`` on the
     same corrupted images with ``reference_correct`` its clean outcome). ``on_progress``
-    receives the section after each corruption (one item of ``store``, one step of
-    ``on_step``); a corruption that fails is recorded and the others still run."""
+    receives the section after each corruption (one step of ``on_step``; each severity one
+    item of ``store``); a corruption that fails is recorded and the others still run."""
+    run, dataset = plan.corruptions, runner.dataset
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
     baseline = reference if run.baseline == REFERENCE_BASELINE else None
     if run.baseline == REFERENCE_BASELINE and (reference is None or reference_correct is None):
@@ -315,10 +288,10 @@ def corruption_section(
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
     if baseline is not None:
         section["baseline_model"] = baseline.name
-    units = len(run.severities) * num_batches(dataset, plan, parallel)
-    seconds = _named_items(scoped(store, corruption_scope(plan)), "corruption", run.names, section, on_progress, on_step, units,
-                           lambda index, name, step: _corruption_item(name, index, preset, run, classifier, baseline,
-                                                                      dataset, plan, parallel, step))
+    units = len(run.severities) * num_batches(dataset, plan, runner.parallel.batch_size)
+    seconds = _named_items("corruption", run.names, section, on_progress, on_step, units,
+                           lambda index, step: _corruption_results(store, plan, index, runner, classifier, baseline,
+                                                                   step))
     baseline_clean = None if baseline is None else 1.0 - float(reference_correct.mean())
     section.update(corruption_summary(section["results"], run, 1.0 - float(clean_correct.mean()), baseline_clean))
     section["timing"] = _total(seconds).as_dict(len(section["results"]) * num_evaluated(dataset, plan))
@@ -369,41 +342,30 @@ def corruption_summary(results: list[dict], run: CorruptionRun, clean_error: flo
     return summary
 
 
-def _sequence_item(name: str, index: int, preset: str, run: SequenceRun, classifier: Classifier,
-                   dataset: ImageDataset, plan: Plan, parallel: DataParallel, step: Step) -> Finished:
-    """Flip probability and top-5 distance of perturbation ``name`` (position ``index``);
-    ``step`` advances per batch."""
-    seed_key = jax.random.key(plan.seed)
-    flips, top5 = [], []
-    with timed() as timing:
-        for batch, (x, _, mask) in enumerate(step.track(parallel.batches(dataset, plan.num_examples))):
-            key = jax.random.fold_in(jax.random.fold_in(seed_key, index), batch)
-            out = noise.evaluate_sequences(classifier, x, name, key, length=run.length,
-                                           difficulty=run.difficulty, preset=preset)
-            flips.append(to_host(out["flip_rate_per_sequence"])[mask])
-            top5.append(to_host(out["top5_distance_per_sequence"])[mask])
-    flips, top5 = np.concatenate(flips), np.concatenate(top5)
+def _sequence_results(store: ItemStore | None, plan: Plan, index: int, runner: ItemRunner, classifier: Classifier,
+                      step: Step) -> tuple[list[dict], list[dict]]:
+    """Flip probability and top-5 distance of the plan's perturbation at position ``index``
+    (one item), and the item's ``seconds``; ``step`` advances per batch."""
+    item = sequence_item(plan, index)
+    records = recorded(store, plan, item, lambda: runner.records(item, classifier, step=step))
+    flips, top5 = records.arrays["outcome"]
+    name = plan.sequences.names[index]
     result = {"name": name, "family": noise.sequences.get(name).family,
               "flip_probability": float(flips.mean()), "top5_distance": float(top5.mean())}
-    return Finished({"results": [result], "seconds": dataclasses.asdict(timing)},
-                    {"flip_rate": flips, "top5_distance": top5})
+    return [result], [records.section["seconds"]]
 
 
-def sequence_section(
-    run: SequenceRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, on_progress: Callable[[dict], None],
-    store: ItemStore | None = None, on_step: OnStep = progress.ignore,
-) -> dict:
+def sequence_section(runner: ItemRunner, classifier: Classifier, plan: Plan, on_progress: Callable[[dict], None],
+                     store: ItemStore | None = None, on_step: OnStep = progress.ignore) -> dict:
     """Flip probability and top-5 distance per perturbation (Hendrycks & Dietterich 2019,
     ImageNet-P), averaged over sequences; ``on_progress`` receives the section after each one
     (one item of ``store``, one step of ``on_step``)."""
-    parallel = DataParallel(run.batch_size)
-    classifier = parallel.replicate(classifier)
+    run, dataset = plan.sequences, runner.dataset
     preset = run.preset or noise.default_preset(tuple(dataset.image_shape))
     section = {"status": "running", **run.as_dict(), "preset": preset, "results": [], "failed": []}
-    seconds = _named_items(scoped(store, sequence_scope(plan)), "sequence", run.names, section, on_progress, on_step,
-                           num_batches(dataset, plan, parallel),
-                           lambda index, name, step: _sequence_item(name, index, preset, run, classifier, dataset,
-                                                                    plan, parallel, step))
+    seconds = _named_items("sequence", run.names, section, on_progress, on_step,
+                           num_batches(dataset, plan, DataParallel(run.batch_size).batch_size),
+                           lambda index, step: _sequence_results(store, plan, index, runner, classifier, step))
     results = section["results"]
     section["mean_flip_probability"] = float(np.mean([r["flip_probability"] for r in results])) if results else None
     section["mean_top5_distance"] = float(np.mean([r["top5_distance"] for r in results])) if results else None
@@ -412,35 +374,35 @@ def sequence_section(
     return section
 
 
-def system_noise_item(run: SystemNoiseRun, classifier: Classifier, dataset: ImageDataset, plan: Plan,
-                      step: Step = UNTRACKED) -> Finished:
-    """Accuracy under every decoder x resize variant (RobustART's ImageNet-S) and its mean,
-    standard deviation and negative standard deviation, with the per-example correctness
-    behind it, (variants, examples). The evaluated images are encoded as JPEG at
-    ``run.quality``, then each variant decodes, resizes and centre-crops them back to the
-    model's input size. ``step`` advances once, at the end."""
-    x, y = dataset.arrays(limit=plan.num_examples)
-    encoded = [jpeg_bytes(image, run.quality) for image in x]
-    section = {"status": "running", **run.as_dict()}
-    with timed() as timing:
-        result = noise.system.evaluate_system_noise(classifier, encoded, y, run.variants(), batch_size=plan.batch_size,
-                                                    crop=dataset.image_shape[0])
-    step.advance()
-    variants = {variant.name: variant for variant in run.variants()}
-    section["results"] = [{"decoder": variants[name].decoder, "resize": variants[name].resize, "accuracy": accuracy}
-                          for name, accuracy in result.accuracy.items()]
-    section.update(mean_accuracy=result.mean, std_accuracy=result.std, negative_std=result.negative_std,
-                   timing=timing.as_dict(len(variants) * len(y)), status="ok")
-    return Finished(section, {"correct": np.stack([result.correct[name] for name in result.accuracy])})
+def system_noise_section(runner: ItemRunner, classifier: Classifier, plan: Plan, store: ItemStore | None = None,
+                         step: Step = UNTRACKED) -> dict:
+    """Accuracy under every decoder x resize variant (RobustART's ImageNet-S), each variant
+    one item, and its mean, standard deviation and negative standard deviation. The
+    evaluated images are encoded as JPEG at the plan's quality, then each variant decodes,
+    resizes and centre-crops them back to the model's input size. ``step`` advances per
+    variant."""
+    run, accuracy, seconds = plan.system_noise, {}, []
+    for variant in run.variants():
+        item = system_noise_item(plan, variant)
+        records = recorded(store, plan, item, lambda: runner.records(item, classifier))
+        accuracy[variant.name] = float(records.arrays["outcome"][0].mean())
+        seconds.append(records.section["seconds"])
+        step.advance()
+    result = noise.system.summarize(accuracy)
+    return {"status": "ok", **run.as_dict(),
+            "results": [{"decoder": variant.decoder, "resize": variant.resize, "accuracy": accuracy[variant.name]}
+                        for variant in run.variants()],
+            "mean_accuracy": result.mean, "std_accuracy": result.std, "negative_std": result.negative_std,
+            "timing": _total(seconds).as_dict(len(accuracy) * num_evaluated(runner.dataset, plan))}
 
 
 def num_evaluated(dataset: ImageDataset, plan: Plan) -> int:
     return dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
 
 
-def num_batches(dataset: ImageDataset, plan: Plan, parallel: DataParallel) -> int:
-    """The batches one pass over the evaluated examples takes."""
-    return -(-num_evaluated(dataset, plan) // parallel.batch_size)
+def num_batches(dataset: ImageDataset, plan: Plan, batch_size: int) -> int:
+    """The batches of ``batch_size`` one pass over the evaluated examples takes."""
+    return -(-num_evaluated(dataset, plan) // batch_size)
 
 
 def _installed_versions() -> dict[str, str]:
@@ -495,46 +457,17 @@ def randomness(plan: Plan, parallel: DataParallel) -> dict:
     }
 
 
-def _attack_item(run: AttackRun, classifier: Classifier, dataset: ImageDataset, plan: Plan, parallel: DataParallel,
-                 clean_correct: np.ndarray, step: Step, on_adversarial: tuple[int, OnAdversarial] | None) -> Finished:
-    sections, adversarial_correct = attack_sections(run, classifier, dataset, plan, parallel, clean_correct, step,
-                                                    on_adversarial)
-    return Finished({"entries": sections}, {"correct": np.stack(adversarial_correct)})
-
-
 def _common(plan: Plan) -> dict:
     """What every item's outcome depends on besides its own settings: the seed (keys), the
     batch size (keys are drawn per batch) and the precision."""
     return {"seed": plan.seed, "batch_size": plan.batch_size, "precision": plan.precision}
 
 
-def _scope(plan: Plan, run: CorruptionRun | SequenceRun) -> dict:
-    """What a corruption's or a perturbation's item depends on besides its name and position."""
-    return _common(plan) | {key: value for key, value in run.as_dict().items() if key != "names"}
-
-
-def corruption_scope(plan: Plan) -> dict:
-    """The scope (``resume.Scoped``) in which ``corruption-{index}-{name}`` names each
-    corruption's item."""
-    return _scope(plan, plan.corruptions)
-
-
-def sequence_scope(plan: Plan) -> dict:
-    """The scope (``resume.Scoped``) in which ``sequence-{index}-{name}`` names each
-    perturbation's item."""
-    return _scope(plan, plan.sequences)
-
-
 def item_names(plan: Plan) -> dict[str, str]:
-    """The stored name of each item of ``plan`` that is named by its own settings: ``clean``,
-    ``attack-{position}``, ``system_noise``, ``metrics``, ``sanity`` (corruptions, sequences
-    and natural-shift sets are named within their section's scope)."""
+    """The stored names of the plan's items that read other items' records, ``metrics`` and
+    ``sanity`` (every other item is stored under ``items.record_name``)."""
     common = _common(plan)
-    names = {"clean": content_name("clean", common | {"reference": plan.reference})}
-    for position, run in enumerate(plan.runs):
-        names[f"attack-{position}"] = content_name("attack", common | attack_settings(run))
-    if plan.system_noise is not None:
-        names["system_noise"] = content_name("system_noise", common | plan.system_noise.as_dict())
+    names = {}
     if plan.metrics is not None:
         position, entry = plan.metrics_source()
         names["metrics"] = content_name("metrics", common | {"metrics": plan.metrics.as_dict(), "entry": entry,
@@ -636,13 +569,13 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
     step for ``on_step``. Every section reads the records of the items it builds on: the
     clean pass's correctness, the attack entries' outcomes, the corruption errors."""
     names = item_names(plan)
+    runner = ItemRunner(dataset, plan, parallel)
     if reference is not None:
         reference = parallel.replicate(reference)
-    batches = num_batches(dataset, plan, parallel)
+    batches = num_batches(dataset, plan, parallel.batch_size)
     with progress.step(on_step, "clean", batches) as step:
-        clean = run_item(store, names["clean"], lambda: _clean_item(classifier, reference, dataset, plan, parallel,
-                                                                    step))
-    report["clean"], clean_correct = clean.section, clean.arrays["correct"]
+        clean = recorded(store, plan, CLEAN, lambda: runner.records(CLEAN, classifier, step=step, reference=reference))
+    report["clean"], clean_correct = clean_section(clean, classifier.name), clean.arrays["outcome"][0]
     on_update(report)
 
     def publish(part: str) -> Callable[[dict], None]:
@@ -657,25 +590,22 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
         return {"status": "failed", **settings, "error": f"{type(error).__name__}: {error}"}
 
     metrics = _MetricsOfEntry(plan, store, names, classifier, parallel, profile, reference, on_step)
-    finished = []  # (section, mask of the examples correct under the attack) of every attack that ran
+    finished = []  # (section, mask of the examples correct clean and under the attack) of every attack that ran
     for position, run in enumerate(plan.runs):
-        name, consumer = names[f"attack-{position}"], metrics.consumer(position)
         try:
             with progress.step(on_step, attack_step(run), batches) as step:
-                compute = lambda: _attack_item(run, classifier, dataset, plan, parallel, clean_correct, step, consumer)
-                # the metrics read this entry's adversarial examples as they are made: run it even when stored
-                item = run_item(None if consumer else store, name, compute)
-                if consumer is not None and store is not None:
-                    store.save(name, item)
-            sections, adversarial_correct = item.section["entries"], list(item.arrays["correct"])
+                attack = _attack_item(store, plan, run, runner, classifier, clean_correct, step,
+                                      metrics.consumer(position))
+            sections = attack_sections(run, attack, clean_correct)
+            outcomes, under_attack = list(attack.arrays["outcome"]), list(~attack.arrays["success"])
         except Exception as error:  # recorded in the report; the rest of the plan still runs
-            sections, adversarial_correct = [{"name": run.attack.name, "params": params, "status": "failed",
-                                              "error": f"{type(error).__name__}: {error}"}
-                                             for params in run.entries()], []
+            sections, outcomes, under_attack = [{"name": run.attack.name, "params": params, "status": "failed",
+                                                 "error": f"{type(error).__name__}: {error}"}
+                                                for params in run.entries()], [], []
             metrics.source_failed(position, error)
         report["attacks"].extend(sections)
-        finished.extend(zip(sections, adversarial_correct))
-        metrics.source_finished(position, sections, adversarial_correct)
+        finished.extend(zip(sections, outcomes))
+        metrics.source_finished(position, sections, under_attack)
         report["worst_case"] = worst_case_section(finished, clean_correct)
         on_update(report)
     metrics.store_item(num_evaluated(dataset, plan))
@@ -683,43 +613,41 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
     if plan.corruptions is not None:
         try:
             publish("corruptions")(corruption_section(
-                plan.corruptions, classifier, dataset, plan, parallel, clean_correct, publish("corruptions"), store,
-                on_step, reference, clean.arrays.get("reference_correct")))
+                runner, classifier, plan, clean_correct, publish("corruptions"), store, on_step, reference,
+                clean.arrays["reference_outcome"][0] if "reference_outcome" in clean.arrays else None))
         except Exception as error:  # recorded in the report
             publish("corruptions")(failed(plan.corruptions.as_dict(), error))
     if plan.sequences is not None:
-        publish("sequences")(sequence_section(plan.sequences, classifier, dataset, plan, publish("sequences"), store,
-                                              on_step))
+        publish("sequences")(sequence_section(runner, classifier, plan, publish("sequences"), store, on_step))
     if plan.natural_shift is not None:
         publish("natural_shift")(natural_shift.natural_shift_section(
             plan.natural_shift, shift_sets, classifier, dataset, plan, parallel, report["clean"]["accuracy"],
             publish("natural_shift"), scoped(store, _common(plan) | {"natural_shift": plan.natural_shift.as_dict()}),
             on_step))
 
-    def stored_or_failed(part: str, settings: dict, units: tuple[int, str],
-                         compute: Callable[[Step], Finished]) -> None:
-        """Publishes a section that is one item of ``store`` and one step of ``units`` (count
-        and name; count 0: the section sets it); one that raises is recorded as failed with
+    def published_or_failed(part: str, settings: dict, units: tuple[int, str], compute: Callable[[Step], dict]) -> None:
+        """Publishes the section ``compute`` makes in one step of ``units`` (count and name;
+        count 0: the section sets it); one that raises is recorded as failed with
         ``settings`` and its error, like a failed attack, and the plan goes on."""
         try:
             with progress.step(on_step, part.replace("_", " "), *units) as step:
-                section = run_item(store, names[part], lambda: compute(step)).section
+                section = compute(step)
             publish(part)(section)
         except Exception as error:  # recorded in the report
             publish(part)(failed(settings, error))
 
     if plan.system_noise is not None:
-        stored_or_failed("system_noise", plan.system_noise.as_dict(), (1, "passes"), lambda step: system_noise_item(
-            plan.system_noise, classifier, dataset, plan, step))
+        published_or_failed("system_noise", plan.system_noise.as_dict(), (len(plan.system_noise.variants()), "variants"),
+                            lambda step: system_noise_section(runner, classifier, plan, store, step))
     if plan.metrics is not None:
         try:
             publish("metrics")(metrics.section(report["clean"], clean_correct, report["corruptions"]))
         except Exception as error:  # recorded in the report
             publish("metrics")(failed({"settings": plan.metrics.as_dict()}, error))
     if plan.sanity.enabled is not False:  # after the metrics: the black-box check reads their transfer accuracy
-        stored_or_failed("sanity", {"settings": plan.sanity.as_dict()}, (len(sanity.CHECKS), "checks"),
-                         lambda step: Finished(sanity.sanity_section(classifier, dataset, plan, parallel, report,
-                                                                     clean_correct, step=step)))
+        published_or_failed("sanity", {"settings": plan.sanity.as_dict()}, (len(sanity.CHECKS), "checks"),
+                            lambda step: run_item(store, names["sanity"], lambda: Finished(sanity.sanity_section(
+                                classifier, dataset, plan, parallel, report, clean_correct, step=step))).section)
     failed_parts = any(section["status"] != "ok" for section in report["attacks"])
     failed_parts |= any(report[part] is not None and report[part]["status"] != "ok"
                         for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity", "natural_shift"))
@@ -755,11 +683,12 @@ class _MetricsOfEntry:
         except Exception as error:  # recorded in the metrics section; the plan goes on
             self.error = error
 
-    def consumer(self, position: int) -> tuple[int, OnAdversarial] | None:
-        """What the attack entry at ``position`` feeds its adversarial examples to, if any."""
+    def consumer(self, position: int) -> OnAdversarial | None:
+        """What the attack entry at ``position`` feeds its adversarial examples to, if any:
+        the metrics pass reads those of its epsilon."""
         if self.pass_ is None or position != self.position:
             return None
-        return self.entry, self.pass_.update
+        return lambda b, x, y, mask, x_adv: self.pass_.update(b, x, y, mask, x_adv[self.entry])
 
     def source_failed(self, position: int, error: BaseException) -> None:
         if self.plan.metrics is not None and position == self.position and self.item is None:

@@ -82,7 +82,10 @@ def over_networks(fn: Callable[[Any], Any], params: Any, axes: Any, sequential: 
     axis 0 where the prefix ``axes`` says 0), stacked on a leading network axis: side by side
     (``jax.vmap``), or, ``sequential``, one network after another in the same program
     (``jax.lax.map``). Under ``vmap`` a branch on per-network data (an NB201 edge's switch on
-    its op index) computes every branch and selects; in turn, only the network's own runs."""
+    its op index) computes every branch and selects; in turn, only the network's own runs.
+    A lone network (``axes`` None) is a population of one, at its own shapes."""
+    if axes is None:
+        return jax.tree.map(lambda out: out[None], fn(params))
     if not sequential:
         return jax.vmap(fn, in_axes=(axes,))(params)
     return jax.lax.map(lambda index: fn(_take(params, axes, index)), jnp.arange(network_count(params, axes)))

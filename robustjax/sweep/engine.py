@@ -349,7 +349,7 @@ class Context:
                  "seconds": time.perf_counter() - started, "worker": worker}]
         for item_key, ids in missing.items():
             item = self.by_key[item_key]
-            if arch_id in ids and (outcome := records.outcome(self.sweep.plan, self.items, item, stored)) is not None:
+            if arch_id in ids and (outcome := records.outcome(self.sweep.plan, item, stored)) is not None:
                 rows.append(self._ok(arch_id, item_key, item, outcome, worker, 0.0))
                 ids.remove(arch_id)
         return rows
