@@ -3,12 +3,14 @@ values the population runner computes for that network, item by item (clean, an 
 with an epsilon grid, each corruption severity, a perturbation sequence, each system-noise
 variant); an item the records lack is left to the population."""
 
+import jax
 import numpy as np
 
 import robustjax as rj
 from robustjax.evaluation import evaluate, records
 from robustjax.evaluation.items import ItemRunner, expand, record_name
 from robustjax.evaluation.plan import plan_from_dict
+from robustjax.evaluation.population import evaluate_population_batch
 from robustjax.evaluation.resume import MemoryStore
 from robustjax.nas.population import Population
 
@@ -49,3 +51,16 @@ def test_evaluate_records_give_the_population_items_outcomes():
 def test_an_item_the_records_lack_is_left_to_the_population():
     items = expand(PLAN)
     assert all(records.outcome(PLAN, item, MemoryStore()) is None for item in items)
+
+
+def test_a_populations_attacks_read_its_clean_outcome_instead_of_classifying_again(monkeypatch):
+    models = [rj.zoo.create("digits_mlp", pretrained=False, key=jax.random.key(seed)) for seed in (0, 1)]
+    plan = plan_from_dict({"batch_size": 32, "num_examples": 32, "attacks": [{"name": "fgsm", "eps": 0.1}]})
+    passes = []
+    original = ItemRunner._classified
+    monkeypatch.setattr(ItemRunner, "_classified", staticmethod(lambda *a: passes.append(1) or original(*a)))
+    (first, second) = evaluate_population_batch(Population.stack(models), rj.data.digits("test"), plan)
+    assert len(passes) == 1  # the clean item's
+    for result, model in zip((first, second), models):
+        alone = evaluate(model, rj.data.digits("test"), plan)
+        assert result["attacks"][0]["robust_accuracy"] == alone["attacks"][0]["robust_accuracy"]

@@ -137,7 +137,7 @@ def test_ray_cluster_gives_the_local_rows_and_retries_a_killed_worker(workdir, r
         # the workers keep their programs in the shared cache (only they run the attacks), and
         # a second sweep's workers find every program there: they compile nothing new
         compiled = set(os.listdir(cache))
-        assert any(name.startswith("jit__attack_success") for name in compiled), sorted(compiled)
+        assert any(name.startswith("jit__attack_records") for name in compiled), sorted(compiled)
         subprocess.run(_command(workdir / "again.sqlite", workdir / "plan.toml", *ray_run), check=True, env=env,
                        timeout=HANG_S)
         assert _rows(workdir / "again.sqlite") == reference

@@ -50,8 +50,8 @@ def grid(tmp_path_factory):
     calls = []
     original = ItemRunner.run
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ItemRunner, "run", lambda self, item, clf, axes, sequential: calls.append(
-            (item.kind, jax.tree.leaves(clf.params)[0].shape[0])) or original(self, item, clf, axes, sequential))
+        patch.setattr(ItemRunner, "run", lambda self, item, clf, axes, *rest, **k: calls.append(
+            (item.kind, jax.tree.leaves(clf.params)[0].shape[0])) or original(self, item, clf, axes, *rest, **k))
         assert _sweep(tmp, PLAN, "--quiet") == 0
     return tmp, Store.read(tmp / "s.sqlite"), calls
 
@@ -91,7 +91,7 @@ def test_a_rerun_trains_and_evaluates_nothing(grid, monkeypatch, capsys):
     tmp, store, _ = grid
     rows = store.status()["rows"]
     monkeypatch.setattr(trained, "train", lambda *a, **k: pytest.fail("trained again"))
-    monkeypatch.setattr(ItemRunner, "run", lambda *a: pytest.fail("evaluated again"))
+    monkeypatch.setattr(ItemRunner, "run", lambda *a, **k: pytest.fail("evaluated again"))
     assert _sweep(tmp) == 0
     assert "2 done already; 2 items each; 0 to train" in " ".join(capsys.readouterr().out.split())
     assert store.status()["rows"] == rows

@@ -318,11 +318,13 @@ class ItemRunner:
                 self._kept[name] = list(make())
         return self._kept[name]
 
-    def run(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> np.ndarray:
+    def run(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False, *,
+            clean: np.ndarray | None = None) -> np.ndarray:
         """(networks, figures, examples): per network, correct under ``item`` (bool), or for
         a sequence item each example's flip rate and top-5 distance (float32); ``sequential``
-        runs the networks one after another (``nas.population.over_networks``)."""
-        return self.records(item, classifier, axes, sequential)["outcome"]
+        runs the networks one after another (``nas.population.over_networks``); ``clean``:
+        as :meth:`records` takes it."""
+        return self.records(item, classifier, axes, sequential, clean=clean)["outcome"]
 
     def records(self, item: Item, classifier: Classifier, axes: Any = None, sequential: bool = False, *,
                 step: Step = UNTRACKED, reference: Classifier | None = None, clean: np.ndarray | None = None,

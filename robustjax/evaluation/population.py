@@ -55,8 +55,11 @@ def evaluate_population_batch(population: Population, dataset: ImageDataset, pla
     runner = runner or ItemRunner(dataset, plan)
     results = [{"arch_id": arch_id, "attacks": [], "corruptions": [], "sequences": [], "system_noise": [],
                 "per_example": {}} for arch_id in population.arch_ids]
-    for item in expand(plan):
-        outcome = runner.run(item, population.classifier, population.axes, population.sequential)
+    clean = None
+    for item in expand(plan):  # the clean item first: the attacks read its outcome
+        outcome = runner.run(item, population.classifier, population.axes, population.sequential, clean=clean)
+        if item.kind == "clean":
+            clean = outcome[:, 0]
         for result, network_outcome in zip(results, outcome):
             result["per_example"].update(zip(item.labels, network_outcome))
             values = figures(item, network_outcome)

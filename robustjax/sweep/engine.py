@@ -141,7 +141,7 @@ class Context:
             if sweep.supernet is not None:
                 self.supernet = nas.Supernet.load(sweep.supernet, space=space)
             elif space.name in nas.models.EMBEDDED:
-                self.supernet = nas.models.embedded_supernet(space.name)
+                self.supernet = nas.bundled_supernet(space.name)
             else:
                 raise ValueError(f"{space.name} has no bundled supernet: pass --supernet DIR (from `robustjax nas "
                                  "train`) or --weights DIR (its standalone networks)")
@@ -284,8 +284,13 @@ class Context:
                 yield [self._failed(a, key, error, worker, time.perf_counter() - started) for a in ids]
             return
         setup = time.perf_counter() - started
+        clean = None  # the population's clean outcome, (networks, examples), once its clean item ran here
         for key, ids in wanted.items():
-            yield self._item_rows(population, self.by_key[key], key, ids, worker, setup / len(wanted))
+            item = self.by_key[key]
+            rows, outcome = self._item_rows(population, item, key, ids, worker, setup / len(wanted), clean)
+            if item.kind == "clean" and outcome is not None:
+                clean = outcome[:, 0]
+            yield rows
 
     def report_key(self, missing: dict[str, list[str]]) -> str | None:
         """The key of the plan's ``report`` item when some network of ``missing`` lacks it."""
@@ -355,17 +360,21 @@ class Context:
         return rows
 
     def _item_rows(self, population: Population, item: Item, key: str, ids: list[str], worker: str,
-                   setup: float) -> list[dict]:
+                   setup: float, clean: np.ndarray | None = None) -> tuple[list[dict], np.ndarray | None]:
+        """The rows of ``item`` for networks ``ids`` of ``population``, and its outcome for
+        every network of the population (None when it failed); an attack reads the networks'
+        ``clean`` outcome when given (``ItemRunner.records``)."""
         started = time.perf_counter()
         try:
-            outcome = self.runner.run(item, population.classifier, population.axes, population.sequential)
+            outcome = self.runner.run(item, population.classifier, population.axes, population.sequential,
+                                      clean=clean)
         except PopulationTooLarge:  # not one network fits: the sweep's settings are wrong for all, stop
             raise
         except Exception:  # find the networks it fails on, one at a time
-            return [self._alone(item, key, arch_id, worker) for arch_id in ids]
+            return [self._alone(item, key, arch_id, worker) for arch_id in ids], None
         seconds = (time.perf_counter() - started + setup) / len(population)
         position = {arch_id: i for i, arch_id in enumerate(population.arch_ids)}
-        return [self._ok(arch_id, key, item, outcome[position[arch_id]], worker, seconds) for arch_id in ids]
+        return [self._ok(arch_id, key, item, outcome[position[arch_id]], worker, seconds) for arch_id in ids], outcome
 
     def _alone(self, item: Item, key: str, arch_id: str, worker: str) -> dict:
         started = time.perf_counter()
