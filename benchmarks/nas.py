@@ -180,7 +180,7 @@ def inputs(space: str | rj.nas.SearchSpace, num_examples: int, calibration_image
     space itself) on random images (accuracies then mean nothing; the work per network is
     that of the space's own dataset)."""
     if isinstance(space, str) and space in rj.nas.models.EMBEDDED:
-        return (rj.nas.models.embedded_supernet(space), rj.data.digits("test"),
+        return (rj.nas.bundled_supernet(space), rj.data.digits("test"),
                 rj.nas.calibration_subset(rj.data.digits("train"), calibration_images))
     space = rj.nas.space(space) if isinstance(space, str) else space
     rng = np.random.default_rng(0)

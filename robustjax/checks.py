@@ -99,8 +99,22 @@ def check_labels(y, *, num_classes: int | None, batch_size: int, name: str = "y"
     raise ValueError(f"{name} must be class indices {expected}, found {found_text}")
 
 
+def check_precision(classifier) -> None:
+    """Refuses a classifier with float64 parameters (``jax_enable_x64``): attacks and noise
+    compute on float32 images, in float32 or bfloat16 (``robustjax.precision``)."""
+    wide = sorted({str(np.dtype(leaf.dtype)) for leaf in jax.tree.leaves(classifier.params) if hasattr(leaf, "dtype")
+                   and np.issubdtype(leaf.dtype, np.floating) and np.dtype(leaf.dtype).itemsize > 4})
+    if wide:
+        raise TypeError(f"model {classifier.name!r} has {wide[0]} parameters; robustjax computes on float32 images, "
+                        "in float32 or bfloat16: cast the model first, e.g. classifier.replace(params=jax.tree.map("
+                        "lambda p: p.astype(jnp.float32) if jnp.issubdtype(p.dtype, jnp.floating) else p, "
+                        "classifier.params))")
+
+
 def check_batch(classifier, x, y, target=None) -> None:
-    """Validates images, labels and optional attack targets against a classifier."""
+    """Validates the classifier's precision, and images, labels and optional attack targets
+    against it."""
+    check_precision(classifier)
     check_images(x, input_shape=classifier.input_shape)
     check_labels(y, num_classes=classifier.num_classes, batch_size=x.shape[0])
     if target is None:

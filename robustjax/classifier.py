@@ -64,6 +64,40 @@ class NNXFeatures:
         return features
 
 
+@dataclasses.dataclass(frozen=True)
+class LinenLogits:
+    """``apply_fn`` of a Flax Linen module: ``module.apply(variables, x, **kwargs)``.
+
+    Linen modules are dataclasses, so equal modules (and keyword arguments) give equal,
+    equally hashed instances: classifiers of one architecture share every compiled program.
+    """
+
+    module: Any
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self, variables: Any, x: jax.Array) -> jax.Array:
+        return self.module.apply(variables, x, **dict(self.kwargs))
+
+
+@dataclasses.dataclass(frozen=True)
+class LinenFeatures(LinenLogits):
+    """``features_fn`` of a Flax Linen module: the output of every submodule call (Linen's
+    ``capture_intermediates``), keyed by its dotted path (``"Conv_0"``, ``"block.Dense_1"``),
+    and the network output as ``"logits"``. A module called several times reports its last
+    call."""
+
+    def __call__(self, variables: Any, x: jax.Array) -> dict[str, jax.Array]:
+        logits, state = self.module.apply(variables, x, **dict(self.kwargs), capture_intermediates=True,
+                                          mutable=["intermediates"])
+        features = {}
+        for path, value in jax.tree_util.tree_flatten_with_path(state["intermediates"],
+                                                                is_leaf=lambda v: isinstance(v, tuple))[0]:
+            parts = [str(p.key) for p in path if getattr(p, "key", "__call__") != "__call__"]
+            if parts:
+                features[".".join(parts)] = value[-1]
+        return features | {"logits": logits}
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Classifier:
@@ -75,7 +109,9 @@ class Classifier:
       num_classes: number of output classes.
       input_shape: (H, W, C) of one image.
       mean, std: per-channel normalisation applied to [0, 1] inputs before ``apply_fn``.
-      name: a readable name, used in reports.
+      name: a readable name, used in reports. Like ``apply_fn`` it is static, part of the
+        compiled programs' cache key: a renamed classifier (or one wrapping a new ``lambda``)
+        compiles anew, so name and wrap a model once, outside loops.
       features_fn: optional pure ``features_fn(params, x_normalised) -> {layer: activations}``.
     """
 
@@ -160,6 +196,29 @@ class Classifier:
             std=std,
             name=name or type(module).__name__,
         )
+
+    @classmethod
+    def from_linen(
+        cls,
+        module: Any,
+        variables: Any,
+        *,
+        num_classes: int,
+        input_shape: tuple[int, int, int],
+        mean: tuple[float, ...] = (0.0,),
+        std: tuple[float, ...] = (1.0,),
+        name: str | None = None,
+        **apply_kwargs: Any,
+    ) -> Classifier:
+        """Wraps a Flax Linen module and its ``variables`` (what ``module.init`` returns:
+        ``params`` and any collections such as ``batch_stats``) as a pure classifier, called
+        as ``module.apply(variables, x, **apply_kwargs)``: pass what puts the module in
+        evaluation mode (``train=False``, ``deterministic=True``); the values must be
+        hashable. Every submodule's output is available through :meth:`features`."""
+        kwargs = tuple(sorted(apply_kwargs.items()))
+        return cls(params=variables, apply_fn=LinenLogits(module, kwargs), features_fn=LinenFeatures(module, kwargs),
+                   num_classes=num_classes, input_shape=input_shape, mean=mean, std=std,
+                   name=name or type(module).__name__)
 
     def normalize(self, x: Float[ArrayLike, "b h w c"]) -> Float[Array, "b h w c"]:
         x = jnp.asarray(x)  # float64 becomes JAX's default float (float32 unless x64 is enabled)

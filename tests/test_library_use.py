@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import linen, nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import robustjax as rj
+from robustjax.evaluation import evaluate, plan_from_dict
 from tests.helpers import random_linear_classifier
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -171,7 +172,7 @@ def test_a_population_evaluates_the_same_under_a_callers_explicit_mesh():
 
     plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}],
                            "sanity": {"enabled": False}})
-    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    supernet = rj.nas.bundled_supernet("nb201_digits")
     archs = [supernet.space.config(i) for i in (3, 700)]
     digits = rj.data.load("digits", split="test")
     alone = evaluate_population(supernet, archs, digits, plan, population_size=2, network_shards=2)
@@ -228,6 +229,24 @@ def test_images_of_any_float_dtype_are_computed_in_float32(dtype, linear, batch,
     assert rj.noise.corrupt(x_low, "gaussian_noise", 2, key=key).dtype == jnp.float32
 
 
+def test_a_float64_model_under_x64_is_refused_with_the_fix_and_a_float32_one_runs(linear, batch, key):
+    """Square's and AutoAttack's loops carry float32 margins: a float64 model (x64 on) is
+    refused before tracing, by every attack and by evaluate, naming the cast."""
+    x, y = batch
+    attacks = [rj.attacks.FGSM(eps=0.1), rj.attacks.Square(eps=0.1, max_queries=4)]
+    with jax.enable_x64(True):
+        wide = linear.replace(params=jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), linear.params))
+        assert jax.tree.leaves(wide.params)[0].dtype == jnp.float64
+        for attack in attacks:
+            with pytest.raises(TypeError, match=r"model .* has float64 parameters; .* cast the model first"):
+                attack(wide, x, y, key=key)
+            assert attack(linear, x, y, key=key).x_adv.dtype == jnp.float32
+        dataset = rj.data.from_arrays(x, y, num_classes=linear.num_classes)
+        plan = plan_from_dict({"batch_size": 4, "attacks": [{"name": "fgsm", "eps": 0.1}]})
+        with pytest.raises(TypeError, match="float64 parameters"):
+            evaluate(wide, dataset, plan)
+
+
 def test_integer_images_are_refused_with_the_fix(linear, batch, key):
     x, y = batch
     with pytest.raises(TypeError, match="divide uint8 images by 255"):
@@ -257,6 +276,36 @@ def test_from_nnx_leaves_the_module_alone_and_offers_batch_statistics(batch):
     before = np.asarray(module.norm.mean[...])
     rj.attacks.FGSM(eps=0.1)(training, x, np.zeros(8, np.int32), key=jax.random.key(0))
     np.testing.assert_array_equal(module.norm.mean[...], before)  # attacks never update running averages
+
+
+class LinenNet(linen.Module):
+    @linen.compact
+    def __call__(self, x, train: bool = True):
+        h = linen.relu(linen.BatchNorm(use_running_average=not train)(linen.Conv(3, (3, 3))(x)))
+        return linen.Dense(3)(h.reshape(h.shape[0], -1))
+
+
+def test_from_linen_applies_the_module_in_the_mode_given_and_shares_programs_between_wraps(batch, key):
+    x, y = batch
+    module = LinenNet()
+    variables = module.init(jax.random.key(1), jnp.asarray(x), train=False)
+    variables = {**variables, "batch_stats": jax.tree.map(lambda v: v + 0.5, variables["batch_stats"])}
+    clf = rj.Classifier.from_linen(module, variables, num_classes=3, input_shape=(4, 4, 1), train=False)
+    np.testing.assert_array_equal(clf(x), module.apply(variables, jnp.asarray(x), train=False))
+    assert not np.allclose(clf(x), module.apply(variables, jnp.asarray(x), train=True, mutable=["batch_stats"])[0])
+    features = clf.features(x)
+    assert set(features) == {"Conv_0", "BatchNorm_0", "Dense_0", "logits"}
+    np.testing.assert_array_equal(features["Dense_0"], features["logits"])
+    traces = []
+
+    @jax.jit
+    def attack(classifier):
+        traces.append(1)
+        return rj.attacks.FGSM(eps=0.1)(classifier, x, y, key=key).x_adv
+
+    again = rj.Classifier.from_linen(LinenNet(), variables, num_classes=3, input_shape=(4, 4, 1), train=False)
+    np.testing.assert_array_equal(attack(clf), attack(again))
+    assert len(traces) == 1  # an equal module wrapped anew reuses the program
 
 
 def test_classifiers_with_different_names_stack_for_vmap(linear, batch, key):

@@ -34,7 +34,7 @@ def calibration():
 def test_each_network_gets_the_results_it_gets_alone(space_name, layout, calibration):
     """Side by side (masks) and one after another (sequential: each NB201 edge runs only its
     network's op)."""
-    supernet = rj.nas.models.embedded_supernet(space_name)
+    supernet = rj.nas.bundled_supernet(space_name)
     archs = supernet.space.sample(jax.random.key(0), 5)
     dataset = rj.data.digits("test")
     # Populations of 3: the second holds 2 networks and a copy of the first of them as padding.
@@ -66,7 +66,7 @@ def test_a_sequential_population_runs_only_each_networks_own_ops(monkeypatch):
         return pool(x)
 
     monkeypatch.setattr(nb201_net, "avg_pool_3x3", counted)
-    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    supernet = rj.nas.bundled_supernet("nb201_digits")
     images = rj.data.digits("test").arrays(limit=4)[0]
     for sequential in (True, False):
         runs.clear()
@@ -78,7 +78,7 @@ def test_a_sequential_population_runs_only_each_networks_own_ops(monkeypatch):
 def test_sequences_give_each_network_the_flip_rates_it_gets_alone(calibration):
     """ImageNet-P items through a population equal `robustjax evaluate` of each subnet alone,
     per example (the frames are made once per batch and shared by the networks)."""
-    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    supernet = rj.nas.bundled_supernet("nb201_digits")
     archs = supernet.space.sample(jax.random.key(2), 3)
     dataset = rj.data.digits("test")
     plan = plan_from_dict({"batch_size": 16, "num_examples": 12, "sanity": {"enabled": False}, "attacks": [],
@@ -93,7 +93,7 @@ def test_sequences_give_each_network_the_flip_rates_it_gets_alone(calibration):
 
 
 def test_one_compile_per_population_size(calibration):
-    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    supernet = rj.nas.bundled_supernet("nb201_digits")
     archs = [supernet.space.config(i) for i in range(128)]
     plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
     dataset = rj.data.digits("test")
@@ -108,7 +108,7 @@ def test_one_compile_per_population_size(calibration):
 def test_sharded_over_eight_devices_equals_one_device(calibration, network_shards):
     """Examples over 8 devices, and a 4 (networks) x 2 (examples) mesh, against 1 device."""
     assert jax.local_device_count() == 8
-    supernet = rj.nas.models.embedded_supernet("bignas_resnet_basic_digits")
+    supernet = rj.nas.bundled_supernet("bignas_resnet_basic_digits")
     population = from_supernet(supernet, supernet.space.sample(jax.random.key(1), 4), calibration=calibration)
     dataset = rj.data.digits("test")
     eight = evaluate_population_batch(population, dataset, SMALL_PLAN, ItemRunner(
@@ -142,7 +142,7 @@ def test_stacked_independent_networks():
 
 
 def test_bad_populations_are_refused(calibration):
-    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    supernet = rj.nas.bundled_supernet("nb201_digits")
     dataset = rj.data.digits("test")
     with pytest.raises(TypeError, match="config of another space"):
         from_supernet(supernet, [rj.nas.space("bignas_resnet_basic_digits").config(0)])
@@ -162,7 +162,7 @@ def test_a_population_too_large_for_memory_runs_in_parts_that_fit(calibration, m
     """With half the memory the population of 4 needs, each item runs it in parts of the
     largest size that fits, the last from the ladder, and every network gets the outcome of
     the unconstrained run; when not even one network fits, the error says what to change."""
-    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    supernet = rj.nas.bundled_supernet("nb201_digits")
     archs = [supernet.space.config(i) for i in (11472, 0, 9, 1200)]
     plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "attacks": [{"name": "fgsm", "eps": 0.1}]})
     dataset = rj.data.digits("test")
@@ -198,7 +198,7 @@ def test_a_population_too_large_for_memory_runs_in_parts_that_fit(calibration, m
 def test_score_based_attacks_and_streaming_metrics_give_each_network_its_own_result(calibration):
     """Square (queries only) and streaming accumulators (behaviour ratios, calibration
     statistics) through ``population.map``: each network's result is the one it gets alone."""
-    supernet = rj.nas.models.embedded_supernet("nb201_digits")
+    supernet = rj.nas.bundled_supernet("nb201_digits")
     archs = supernet.space.sample(jax.random.key(3), 3)
     population = from_supernet(supernet, archs, calibration=calibration)
     x, y = rj.data.digits("test").arrays(limit=32)
@@ -227,7 +227,7 @@ def test_score_based_attacks_and_streaming_metrics_give_each_network_its_own_res
 
 
 def test_exact_shapes_and_masks_give_the_same_results(calibration):
-    supernet = rj.nas.models.embedded_supernet("bignas_resnet_basic_digits")
+    supernet = rj.nas.bundled_supernet("bignas_resnet_basic_digits")
     archs = supernet.space.sample(jax.random.key(4), 2)
     dataset = rj.data.digits("test")
     masks = evaluate_population(supernet, archs, dataset, SMALL_PLAN, calibration=calibration, layout="masks")

@@ -96,6 +96,14 @@ def test_embedded_supernets_give_accurate_subnets(space_name):
         assert best > accuracy(rj.zoo.create(f"nas.{space_name}", arch=smallest)) > 0.5
 
 
+def test_the_bundled_supernets_are_public_and_an_unbundled_space_is_named():
+    for space_name in ("nb201_digits", "bignas_resnet_basic_digits"):
+        assert rj.nas.bundled_supernet(space_name).space == rj.nas.space(space_name)
+    with pytest.raises(ValueError, match=r"no supernet is bundled for 'nb201'; the bundled ones are "
+                                         r"\['bignas_resnet_basic_digits', 'nb201_digits'\]"):
+        rj.nas.bundled_supernet("nb201")
+
+
 def test_a_supernet_of_another_space_is_refused(tmp_path):
     rj.nas.Supernet.create(rj.nas.space("nb201_digits"), key=jax.random.key(0)).save(tmp_path)
     with pytest.raises(ValueError, match="holds a supernet of nb201_digits.*not of nb201"):

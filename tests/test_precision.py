@@ -18,7 +18,7 @@ def test_the_network_computes_in_bfloat16_and_returns_float32(digits_clf, digits
     assert half(x).dtype == jnp.float32
     assert with_precision(half, "bfloat16") is half and with_precision(digits_clf, "float32") is digits_clf
     np.testing.assert_allclose(np.asarray(half(x)), np.asarray(digits_clf(x)), atol=0.1, rtol=0.05)
-    supernet_net = rj.nas.models.embedded_supernet("nb201_digits").classifier(11472)
+    supernet_net = rj.nas.bundled_supernet("nb201_digits").classifier(11472)
     masked = with_precision(supernet_net, "bfloat16")  # integer op choices stay integers
     assert [leaf.dtype for leaf in jax.tree.leaves(masked.params) if not jnp.issubdtype(leaf.dtype, jnp.floating)] \
         == [leaf.dtype for leaf in jax.tree.leaves(supernet_net.params) if not jnp.issubdtype(leaf.dtype, jnp.floating)]

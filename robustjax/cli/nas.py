@@ -129,7 +129,7 @@ def cmd_nas_evaluate(args: argparse.Namespace, console: Console) -> int:
     if args.supernet:
         supernet = nas.Supernet.load(args.supernet, space=space)
     elif space.name in nas.models.EMBEDDED:
-        supernet = nas.models.embedded_supernet(space.name)
+        supernet = nas.bundled_supernet(space.name)
     else:
         raise ValueError(f"{space.name} has no bundled supernet: pass --supernet DIR (from `robustjax nas train`)")
     dataset = data.load(args.dataset, args.split, data_dir=args.data_dir)

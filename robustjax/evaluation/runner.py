@@ -33,6 +33,7 @@ import numpy as np
 
 import robustjax
 from robustjax import metrics, noise
+from robustjax.checks import check_precision
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.data.shift import ShiftSet
@@ -508,6 +509,7 @@ def evaluate(
     opens them here, before any work. ``weights`` says where the weights came from (a
     folder, "bundled"); the report names it beside the weights' and the examples' hashes.
     """
+    check_precision(classifier)
     if tuple(dataset.image_shape) != tuple(classifier.input_shape):
         raise ValueError(
             f"dataset {dataset.name!r} has images of shape {tuple(dataset.image_shape)}, "

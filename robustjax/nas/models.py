@@ -76,8 +76,12 @@ def zoo_card(spec: str) -> dict | None:
     return network_card(space, default_arch(space))
 
 
-def embedded_supernet(space_name: str) -> Supernet:
-    """The bundled supernet of a digits space (loaded once per process)."""
+def bundled_supernet(space_name: str) -> Supernet:
+    """The trained supernet bundled with robustjax for a digits space (``"nb201_digits"``,
+    ``"bignas_resnet_basic_digits"``): its subnets are the zoo's ``nas.SPACE`` models."""
+    if space_name not in EMBEDDED:
+        raise ValueError(f"no supernet is bundled for {space_name!r}; the bundled ones are {sorted(EMBEDDED)} "
+                         "(train one with rj.nas.train_supernet, or load a folder with rj.nas.Supernet.load)")
     return Supernet.load(asset_dir(EMBEDDED[space_name]), space=get_space(space_name))
 
 
@@ -108,7 +112,7 @@ def _register(space_name: str) -> None:
             if space != get_space(space_name):
                 raise ValueError(f"the embedded {space_name} supernet was trained with the space's own options; "
                                  f"pass pretrained=False to change {sorted(space_options)}")
-            return embedded_supernet(space_name).subnet(config, calibration=_calibration_images(), name=name)
+            return bundled_supernet(space_name).subnet(config, calibration=_calibration_images(), name=name)
         return build.as_classifier(space, build.build_network(space, config, key=key), config, name=name)
 
 
