@@ -52,7 +52,7 @@ import numpy as np
 import robustjax as rj
 from benchmarks.common import RESULTS, machine_facts, matmul_peak_gflops
 from robustjax.evaluation import evaluate
-from robustjax.evaluation.items import ItemRunner, expand
+from robustjax.evaluation.items import ItemRunner, expand, rung
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
 from robustjax.nas.population import choose_layout, from_supernet
@@ -174,6 +174,39 @@ def fitting_sizes(supernet: rj.nas.Supernet, archs: list, dataset, plan, calibra
             for item in expand(plan)}
 
 
+def arithmetic(supernet: rj.nas.Supernet, archs: list, dataset, plan, layout: str) -> dict:
+    """Per item, the FLOPs one batch's program executes over the population of ``archs``
+    in ``layout`` against the sum of each network's own (XLA's cost analysis of the
+    item's program for that network alone at its own shapes). Side by side (masks) XLA's
+    count of the vmapped program is what runs. One after another (sequential), XLA counts a
+    loop's body once with every branch of a switch, which is not what runs: each network
+    runs its body once and each edge only its op (counted at run time by
+    tests/test_nas_population.py), so it executes its own FLOPs, the ratio 1 by
+    construction, and the row gives XLA's static count beside it."""
+    runner = ItemRunner(dataset, plan)
+    sequential = choose_layout(layout, len(archs), supernet.space) == "sequential"
+    population = from_supernet(supernet, archs, sequential=sequential)
+    rows = {}
+    for item in expand(plan):
+        own = sum(runner.compiled(item, supernet.subnet(arch), None).cost_analysis()["flops"] for arch in archs)
+        static = runner.compiled(item, population.classifier, population.axes, sequential).cost_analysis()["flops"]
+        rows[item.labels[0]] = {"own_gflops": round(own / 1e9, 2), "xla_static_gflops": round(static / 1e9, 2),
+                                "executed_over_own": 1.0 if sequential else round(static / own, 2)}
+    return {"layout": "sequential" if sequential else "masks", "networks": len(archs), "per_item": rows}
+
+
+def programs_for_every_cell(space: rj.nas.NB201Space, population_size: int, plan, layout: str) -> int:
+    """The programs a sweep of all 15,625 NAS-Bench-201 cells (one resolution) compiles:
+    per item, one per population size it runs (the full populations' and the last one's
+    rung, ``items.rung``), whatever the cells; exact shapes compile one per cell and item."""
+    items = len(expand(plan))
+    if choose_layout(layout, population_size, space) == "exact":
+        return len(space) * items
+    full, last = divmod(len(space), population_size)
+    sizes = ({population_size} if full else set()) | ({rung(last, population_size)} if last else set())
+    return items * len(sizes)
+
+
 def inputs(space: str | rj.nas.SearchSpace, num_examples: int, calibration_images: int):
     """The supernet, evaluated set and calibration images of a benchmark space: the bundled
     digits supernets on the digits, or a random supernet of another space (by name, or a
@@ -242,7 +275,31 @@ def measure(space: str | rj.nas.SearchSpace, *, networks: int, alone: int, torch
                                                              / r["networks_per_hour"], 2)
                                                  for name, r in rows.items() if name != "population"},
             "results_equal": agree, "population_size_run": sizes,
+            "arithmetic": arithmetic(supernet, archs[:min(8, population_size)], dataset, parsed, layout),
+            **({"programs_for_all_15625_cells": programs_for_every_cell(supernet.space, population_size, parsed, layout)}
+               if isinstance(supernet.space, rj.nas.NB201Space) else {}),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def write_arithmetic(space_name: str, population_size: int, out: Path) -> None:
+    """The accounting of :func:`arithmetic` for every population layout of ``space_name``,
+    printed and written to results/nas_arithmetic_SPACE.BACKEND.json."""
+    supernet, dataset, _ = inputs(space_name, PLAN["num_examples"], 1)
+    plan, archs = plan_from_dict(PLAN), supernet.space.sample(jax.random.key(0), 8)
+    layouts = ("masks", "sequential") if isinstance(supernet.space, rj.nas.NB201Space) else ("masks",)
+    measured = {layout: arithmetic(supernet, archs, dataset, plan, layout) for layout in layouts}
+    if isinstance(supernet.space, rj.nas.NB201Space):
+        measured["programs_for_all_15625_cells"] = {
+            layout: programs_for_every_cell(supernet.space, population_size, plan, layout)
+            for layout in (*layouts, "exact")}
+    print(json.dumps(measured, indent=1))
+    facts = machine_facts(())
+    path = out / f"nas_arithmetic_{space_name}.{facts['backend']}.json"
+    path.write_text(json.dumps({
+        "benchmark": "nas_arithmetic", "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": facts, "settings": {"space": space_name, "plan": PLAN, "population_size": population_size},
+        **measured}, indent=2) + "\n")
+    print(f"written to {path}")
 
 
 def main() -> None:
@@ -262,7 +319,12 @@ def main() -> None:
     parser.add_argument("--scale", choices=["cifar"], help="cifar: --space nb201 --networks 4 --alone 1 --torch 2 "
                         "--population-size 4, 256 calibration images and no warm rows (NB201 C=16, N=5 on 32x32 "
                         "random images, sized for a 2-core CPU)")
+    parser.add_argument("--arithmetic", action="store_true", help="only the FLOPs each layout executes over the "
+                        "networks' own (8 networks) and, for NB201, the programs a sweep of all cells compiles; "
+                        "nothing timed")
     args = parser.parse_args()
+    if args.arithmetic:
+        return write_arithmetic(args.space, args.population_size, args.out)
     calibration_images, warm = CALIBRATION_IMAGES, True
     if args.scale == "cifar":
         args.space, args.networks, args.alone, args.torch, args.population_size = "nb201", 4, 1, 2, 4

@@ -418,9 +418,9 @@ class ItemRunner:
             parts.append({name: to_host(values)[..., mask] for name, values in fields.items()})
         return _joined(parts, axis=2)
 
-    def memory_needed(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> int:
-        """Bytes the item's program over this population needs on one device (XLA's
-        memory analysis of the compiled program, which the run reuses)."""
+    def compiled(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> Any:
+        """The compiled program that runs one batch of ``item`` over this population (which
+        the run reuses): its ``memory_analysis()`` and ``cost_analysis()`` are XLA's."""
         classifier = classifier.replace(params=self.parallel.place_population(classifier.params, axes))
         x, y, _ = next(iter(self.batches))
         if item.kind == "attack":
@@ -431,7 +431,12 @@ class ItemRunner:
                                              key)
         else:
             lowered = _classify.lower(axes, sequential, classifier, x, y)
-        stats = lowered.compile().memory_analysis()
+        return lowered.compile()
+
+    def memory_needed(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> int:
+        """Bytes the item's program over this population needs on one device (XLA's
+        memory analysis of the compiled program, which the run reuses)."""
+        stats = self.compiled(item, classifier, axes, sequential).memory_analysis()
         return stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
 
     def fitting_size(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> int:
