@@ -16,6 +16,7 @@ from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population, evaluate_population_batch
 from robustjax.nas import nb201_net
 from robustjax.nas.population import Population, from_supernet, network_count
+from robustjax.sweep.engine import Sweep
 from tests.helpers import count_compiles
 
 PLAN = plan_from_dict({"batch_size": 16, "num_examples": 24, "sanity": {"enabled": False}, "attacks": [
@@ -240,3 +241,16 @@ def test_exact_shapes_and_masks_give_the_same_results(calibration):
     assert choose("auto", 2, nb201) == "sequential" and choose("auto", 2, nb201, network_shards=2) == "masks"  # CPU
     with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'sequential', 'exact'\), got 'mask'"):
         rj.nas.population.choose_layout("mask", 2)
+
+
+def test_a_layout_that_runs_networks_in_turn_is_refused_with_network_shards_everywhere():
+    """evaluate_population, a sweep and choose_layout give the same refusal, before any work."""
+    supernet = rj.nas.bundled_supernet("nb201_digits")
+    plan = plan_from_dict({"batch_size": 8, "num_examples": 8})
+    for layout in ("sequential", "exact"):
+        with pytest.raises(ValueError, match=rf"layout='{layout}' runs one network at a time: it cannot split"):
+            evaluate_population(supernet, [0, 1], rj.data.digits("test"), plan, network_shards=2, layout=layout)
+    with pytest.raises(ValueError, match=r"layout='sequential' runs one network at a time"):
+        Sweep(plan=plan, dataset="digits", space="nb201_digits", network_shards=2, layout="sequential")
+    with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'sequential'\), got 'exact'"):
+        Sweep(plan=plan, dataset="digits", space="nb201_digits", layout="exact")

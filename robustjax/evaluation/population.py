@@ -36,6 +36,7 @@ from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
 from robustjax.nas.population import (
     Population,
+    check_layout,
     choose_layout,
     exact_subnet,
     from_supernet,
@@ -101,8 +102,7 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     check_population_plan(plan)
     if not isinstance(population_size, int) or population_size < 1:
         raise ValueError(f"population_size must be an int >= 1, got {population_size!r}")
-    if layout in ("exact", "sequential") and network_shards != 1:
-        raise ValueError(f"layout={layout!r} runs one network at a time: it cannot split networks over network_shards")
+    check_layout(layout, network_shards)
     images = None if calibration is None else calibration_subset(calibration)
     runner = ItemRunner(dataset, plan, DataParallel(plan.batch_size, network_shards=network_shards))
     by_id = {}

@@ -133,6 +133,16 @@ def resolution_buckets(space: build.Space, archs: Sequence[Any]) -> dict[int, li
 LAYOUTS = ("auto", "masks", "sequential", "exact")
 
 
+def check_layout(layout: str, network_shards: int = 1, allowed: tuple[str, ...] = LAYOUTS) -> None:
+    """Refuses a layout not in ``allowed``, and one that runs a network at a time
+    (``"sequential"``, ``"exact"``) with networks split over ``network_shards`` > 1."""
+    if layout not in allowed:
+        raise ValueError(f"layout must be one of {allowed}, got {layout!r}")
+    if layout in ("exact", "sequential") and network_shards != 1:
+        raise ValueError(f"layout={layout!r} runs one network at a time: it cannot split networks over "
+                         "network_shards (--network-shards)")
+
+
 def choose_layout(layout: str, networks: int, space: build.Space | None = None, network_shards: int = 1) -> str:
     """How a bucket of ``networks`` subnets runs: ``"masks"`` (one population over the
     supernet's shapes, the networks side by side: one program for all), ``"sequential"``
@@ -143,8 +153,7 @@ def choose_layout(layout: str, networks: int, space: build.Space | None = None, 
     compiles dominate), and runs NAS-Bench-201 populations sequentially on the CPU, where
     side by side they compute every op of every edge (``benchmarks/README.md``, ``nas``).
     Networks split over ``network_shards`` > 1 run side by side."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(layout, network_shards)
     if layout != "auto":
         return layout
     if network_shards != 1:

@@ -47,7 +47,14 @@ from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
 from robustjax.evaluation.resume import Finished, MemoryStore
 from robustjax.evaluation.runner import environment, evaluate
-from robustjax.nas.population import Population, choose_layout, exact_subnet, from_supernet
+from robustjax.nas.population import (
+    LAYOUTS,
+    Population,
+    check_layout,
+    choose_layout,
+    exact_subnet,
+    from_supernet,
+)
 from robustjax.nas.recalibrate import DEFAULT_IMAGES, calibration_subset
 from robustjax.sweep import trained
 from robustjax.sweep.store import Store, pack
@@ -58,6 +65,8 @@ from robustjax.training.dataset import training_dataset
 ROW_OVERHEAD_BYTES = 512
 # The most networks one sweep database holds: each has a row per item and a card.
 MAX_NETWORKS = 1_000_000
+# A sweep's layouts: a lone network runs at its own shapes anyway, so "exact" is not offered.
+SWEEP_LAYOUTS = tuple(layout for layout in LAYOUTS if layout != "exact")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,11 +97,7 @@ class Sweep:
     layout: str = "auto"
 
     def __post_init__(self):
-        if self.layout not in ("auto", "masks", "sequential"):  # a lone network runs at its own shapes anyway
-            raise ValueError(f"layout must be one of ['auto', 'masks', 'sequential'], got {self.layout!r}")
-        if self.layout == "sequential" and self.network_shards != 1:
-            raise ValueError("layout 'sequential' runs one network at a time: it cannot split networks over "
-                             "--network-shards")
+        check_layout(self.layout, self.network_shards, SWEEP_LAYOUTS)
         if (self.space is None) == (not self.models):
             raise ValueError("a sweep runs over a NAS space (--space) or a list of models (--models), one of the two")
         if isinstance(self.population_size, bool) or not isinstance(self.population_size, int) \
