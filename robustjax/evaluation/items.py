@@ -379,13 +379,15 @@ class ItemRunner:
             return {"outcome": np.concatenate([
                 to_host(_sequence_scores(*static, axes, sequential, classifier, x, key))[:, :, mask]
                 for x, key, mask in step.track(self._sequence_inputs(item.settings))], axis=2)}
-        batches = [*step.track(self._images(item))]
-        records = {name: values[:, None] for name, values in self._classified(classifier, axes, sequential,
-                                                                             batches).items()}
-        if reference is not None:
-            records["reference_outcome"] = self._classified(self.parallel.replicate(reference), None, False,
-                                                            batches)["outcome"][:, None]
-        return records
+        reference = None if reference is None else self.parallel.replicate(reference)
+        parts = []
+        for x, y, mask in step.track(self._images(item)):  # each batch made once, classified by both models
+            part = {name: to_host(values)[:, mask] for name, values in _classify(axes, sequential, classifier, x,
+                                                                                 y).items()}
+            if reference is not None:
+                part["reference_outcome"] = to_host(_classify(None, False, reference, x, y)["outcome"])[:, mask]
+            parts.append(part)
+        return {name: values[:, None] for name, values in _joined(parts, axis=1).items()}
 
     def _images(self, item: Item) -> list | Iterator:
         """The batches an item classifying images classifies: the evaluated examples, as a
