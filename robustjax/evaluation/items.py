@@ -380,14 +380,8 @@ class ItemRunner:
                 to_host(_sequence_scores(*static, axes, sequential, classifier, x, key))[:, :, mask]
                 for x, key, mask in step.track(self._sequence_inputs(item.settings))], axis=2)}
         reference = None if reference is None else self.parallel.replicate(reference)
-        parts = []
-        for x, y, mask in step.track(self._images(item)):  # each batch made once, classified by both models
-            part = {name: to_host(values)[:, mask] for name, values in _classify(axes, sequential, classifier, x,
-                                                                                 y).items()}
-            if reference is not None:
-                part["reference_outcome"] = to_host(_classify(None, False, reference, x, y)["outcome"])[:, mask]
-            parts.append(part)
-        return {name: values[:, None] for name, values in _joined(parts, axis=1).items()}
+        records = self._classified(classifier, axes, sequential, step.track(self._images(item)), reference)
+        return {name: values[:, None] for name, values in records.items()}
 
     def _images(self, item: Item) -> list | Iterator:
         """The batches an item classifying images classifies: the evaluated examples, as a
@@ -483,10 +477,19 @@ class ItemRunner:
         return size
 
     @staticmethod
-    def _classified(classifier: Classifier, axes: Any, sequential: bool, batches) -> dict[str, np.ndarray]:
-        """(networks, examples) per record of :func:`_classify` over ``batches``."""
-        return _joined([{name: to_host(values)[:, mask] for name, values in
-                         _classify(axes, sequential, classifier, x, y).items()} for x, y, mask in batches], axis=1)
+    def _classified(classifier: Classifier, axes: Any, sequential: bool, batches,
+                    reference: Classifier | None = None) -> dict[str, np.ndarray]:
+        """(networks, examples) per record of :func:`_classify` over ``batches``, each batch
+        made once and, with ``reference`` (a lone network), classified by it too
+        (``reference_outcome``)."""
+        parts = []
+        for x, y, mask in batches:
+            part = {name: to_host(values)[:, mask] for name, values in _classify(axes, sequential, classifier, x,
+                                                                                 y).items()}
+            if reference is not None:
+                part["reference_outcome"] = to_host(_classify(None, False, reference, x, y)["outcome"])[:, mask]
+            parts.append(part)
+        return _joined(parts, axis=1)
 
     def _sequence_static(self, settings: dict) -> tuple[str, str, int, int]:
         """(name, preset, length, difficulty) of a sequence item, defaults filled in and

@@ -128,16 +128,6 @@ def _share(part, whole) -> float | None:
     return int(part) / int(whole) if int(whole) else None
 
 
-def attack_records(run: AttackRun, runner: ItemRunner, classifier: Classifier, clean_correct: np.ndarray,
-                   step: Step = UNTRACKED, on_adversarial: OnAdversarial | None = None) -> dict[str, np.ndarray]:
-    """The records of attack entry ``run`` on the network (``ItemRunner.records``), the
-    examples' clean correctness given; ``on_adversarial`` sees each batch's adversarial
-    examples, and the time it spends is taken off the records' ``seconds`` by
-    :func:`_attack_item`."""
-    return runner.records(attack_item(run), classifier, step=step, clean=clean_correct[None],
-                          on_adversarial=on_adversarial)
-
-
 def attack_sections(run: AttackRun, attack: Finished, clean_correct: np.ndarray) -> list[dict]:
     """Robust accuracy, success rate, perturbation norms, queries and timing of one plan
     entry, one section per epsilon of its sweep, from its records (``attack``)."""
@@ -177,9 +167,13 @@ def _attack_item(store: ItemStore | None, plan: Plan, run: AttackRun, runner: It
     """The records of attack entry ``run``, from ``store`` unless ``on_adversarial`` must see
     its adversarial examples (the metrics read them as they are made: it then runs even when
     stored); the consumer's time is not the attack's."""
+    item = attack_item(run)
+
+    def compute(consumer: OnAdversarial | None = None) -> dict[str, np.ndarray]:
+        return runner.records(item, classifier, step=step, clean=clean_correct[None], on_adversarial=consumer)
+
     if on_adversarial is None:
-        return recorded(store, plan, attack_item(run), lambda: attack_records(run, runner, classifier, clean_correct,
-                                                                               step))
+        return recorded(store, plan, item, compute)
     consumed = Timing()
 
     def consume(*args) -> None:
@@ -188,13 +182,12 @@ def _attack_item(store: ItemStore | None, plan: Plan, run: AttackRun, runner: It
         consumed.wall_s += spent.wall_s
         consumed.compile_s += spent.compile_s
 
-    finished = recorded(None, plan, attack_item(run),
-                        lambda: attack_records(run, runner, classifier, clean_correct, step, consume))
+    finished = recorded(None, plan, item, lambda: compute(consume))
     seconds = finished.section["seconds"]
     finished.section["seconds"] = {"wall_s": seconds["wall_s"] - consumed.wall_s,
                                    "compile_s": seconds["compile_s"] - consumed.compile_s}
     if store is not None:
-        store.save(record_name(plan, attack_item(run)), finished)
+        store.save(record_name(plan, item), finished)
     return finished
 
 
