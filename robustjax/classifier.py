@@ -215,7 +215,15 @@ class Classifier:
         as ``module.apply(variables, x, **apply_kwargs)``: pass what puts the module in
         evaluation mode (``train=False``, ``deterministic=True``); the values must be
         hashable. Every submodule's output is available through :meth:`features`."""
+        if isinstance(module, nnx.Module) or not callable(getattr(module, "apply", None)):
+            raise TypeError(f"module must be a Flax Linen module (with .apply), got {type(module).__name__}"
+                            + ("; wrap an NNX module with Classifier.from_nnx" if isinstance(module, nnx.Module) else ""))
         kwargs = tuple(sorted(apply_kwargs.items()))
+        try:
+            hash(kwargs)
+        except TypeError:
+            raise TypeError(f"the keyword arguments passed to module.apply must be hashable (they key the compiled "
+                            f"programs), got {dict(kwargs)!r}") from None
         return cls(params=variables, apply_fn=LinenLogits(module, kwargs), features_fn=LinenFeatures(module, kwargs),
                    num_classes=num_classes, input_shape=input_shape, mean=mean, std=std,
                    name=name or type(module).__name__)

@@ -306,6 +306,11 @@ def test_from_linen_applies_the_module_in_the_mode_given_and_shares_programs_bet
     again = rj.Classifier.from_linen(LinenNet(), variables, num_classes=3, input_shape=(4, 4, 1), train=False)
     np.testing.assert_array_equal(attack(clf), attack(again))
     assert len(traces) == 1  # an equal module wrapped anew reuses the program
+    with pytest.raises(TypeError, match="module must be a Flax Linen module .* wrap an NNX module with "
+                                        "Classifier.from_nnx"):
+        rj.Classifier.from_linen(BatchNormNet(nnx.Rngs(0)), variables, num_classes=3, input_shape=(4, 4, 1))
+    with pytest.raises(TypeError, match="keyword arguments passed to module.apply must be hashable"):
+        rj.Classifier.from_linen(module, variables, num_classes=3, input_shape=(4, 4, 1), mutable=["batch_stats"])
 
 
 def test_classifiers_with_different_names_stack_for_vmap(linear, batch, key):
