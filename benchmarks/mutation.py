@@ -10,7 +10,8 @@ happens in a git worktree of ``HEAD`` in a temporary folder, never in this check
 that worktree first on ``PYTHONPATH``. A package has thousands of mutants and its tests
 take seconds to minutes, so ``--sample`` mutants are drawn at random (seeded) and the
 others marked skipped; what the budget does not reach stays pending. The score is killed
-/ (killed + survived) over the mutants that ran; the survivors, with their diffs, go to
+/ (killed + survived) over the mutants that ran (a test run past ``--timeout-s`` is
+counted apart, as timed out, and not scored); the survivors, with their diffs, go to
 results/mutation_PACKAGE.json for triage: each one is a missing test or an equivalent
 mutant.
 """
@@ -67,7 +68,7 @@ def outcomes(session: Path) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
-    counts = {"killed": 0, "survived": 0, "incompetent": 0, "pending": 0}
+    counts = {"killed": 0, "survived": 0, "timed_out": 0, "incompetent": 0, "pending": 0}
     survivors = []
     with use_db(str(session), WorkDB.Mode.open) as db:
         counts["pending"] = sum(1 for _ in db.pending_work_items)
@@ -79,7 +80,9 @@ def outcomes(session: Path) -> dict:
                 survivors.append({"module": str(item.mutations[0].module_path), "line": item.mutations[0].start_pos[0],
                                   "operator": item.mutations[0].operator_name, "diff": result.diff})
             elif result.test_outcome == TestOutcome.KILLED:
-                counts["killed"] += 1
+                # Cosmic Ray reports a test run past the timeout as killed, with output "timeout";
+                # on a loaded machine that is no evidence, so it is counted apart and not scored.
+                counts["timed_out" if result.output == "timeout" else "killed"] += 1
             else:
                 counts["incompetent"] += 1
     ran = counts["killed"] + counts["survived"]
@@ -118,11 +121,11 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=40, help="mutants drawn at random (default: %(default)s)")
     parser.add_argument("--budget-minutes", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="per mutant: longer counts as killed")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per mutant: longer counts as timed out")
     args = parser.parse_args()
     result = run(args.package, args.module, args.sample, args.budget_minutes * 60, args.seed, args.timeout_s)
     print(f"{result['module']}: {result['killed']} killed, {result['survived']} survived, "
-          f"{result['incompetent']} incompetent, {result['pending']} not reached of {result['sampled']} sampled "
+          f"{result['timed_out']} timed out, {result['incompetent']} incompetent, {result['pending']} not reached of {result['sampled']} sampled "
           f"({result['mutants']} mutants); score {result['score']}")
     for survivor in result["survivors"]:
         print(f"survived: {survivor['module']}:{survivor['line']} {survivor['operator']}")
