@@ -13,6 +13,14 @@ Versions, with the settings of the authors' ``autoattack.py``:
 The authors' ``rand`` version averages gradients over the randomness of a stochastic
 model (EOT); a :class:`~robustjax.Classifier` is deterministic, so it is not offered.
 
+Every call runs the original's checks on the model (``checks="warn"``, the default, warns
+with :class:`~robustjax.attacks.flags.ModelCheckWarning`; ``"raise"`` raises
+:class:`~robustjax.attacks.flags.ModelCheckError`; ``"off"``): outputs that are
+probabilities, zero or vanishing input gradients and a random or batch-dependent forward
+pass before the attack, the class count (components left out, fewer target classes) and
+Square fooling examples the white-box components left robust after it. Inside a trace the
+checks on values cannot run: only the class count is checked there.
+
 Called on concrete arrays, the ensemble runs as the original does: each component (and
 each target class of the targeted ones) only on the examples still robust, gathered into
 a batch of the next size of a fine ladder (multiples of a sixteenth of the batch, then
@@ -33,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from robustjax.attacks import flags
 from robustjax.attacks.apgd import APGD
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
 from robustjax.attacks.compaction import bucket, traced
@@ -54,7 +63,8 @@ class AutoAttack(Attack):
 
     ``steps``, ``target_classes`` and ``square_queries`` are the published budgets (100
     iterations of APGD and FAB, 9 target classes, 5,000 Square queries); smaller ones give a
-    cheaper, weaker evaluation.
+    cheaper, weaker evaluation. ``checks`` (``"warn"``, ``"raise"`` or ``"off"``) says what
+    a raised check on the model does; it never changes the result.
     """
 
     eps: float = 8 / 255
@@ -63,6 +73,7 @@ class AutoAttack(Attack):
     steps: int = 100
     target_classes: int = 9
     square_queries: int = 5000
+    checks: str = dataclasses.field(default="warn", compare=False)
 
     supports_targeted = False
 
@@ -73,6 +84,7 @@ class AutoAttack(Attack):
         check_positive_int(self.steps, "steps")
         check_positive_int(self.target_classes, "target_classes")
         check_positive_int(self.square_queries, "square_queries")
+        check_choice(self.checks, flags.MODES, "checks")
 
     def components(self, num_classes: int) -> tuple[tuple[Attack, int, int], ...]:
         """``(attack, restarts, targets)`` in order; ``targets`` > 0 runs the attack against
@@ -94,9 +106,12 @@ class AutoAttack(Attack):
         return tuple(part for part in parts if part[0] is not None)
 
     def __call__(self, classifier, x, y, *, key: jax.Array | None = None, target=None) -> AttackResult:
+        flags.report(flags.class_count(classifier.num_classes, self.target_classes, self.version == "plus"), self.checks)
         if traced(classifier, x, y, key):
             return super().__call__(classifier, x, y, key=key, target=target)
         self.validate(classifier, x, y, key, target)
+        if self.checks != "off":
+            flags.report(flags.model_flags(classifier, x, y), self.checks)
         return self._run_on_robust(classifier, x, y, key)
 
     def _run_on_robust(self, classifier, x, y, key) -> AttackResult:
@@ -105,7 +120,7 @@ class AutoAttack(Attack):
         robust, ranked = map(np.array, _clean_check(classifier, images, labels))  # writable copies
         x_adv, queries = images.copy(), np.ones(len(labels), np.int32)  # the clean check
         for index, (attack, restarts, targets) in enumerate(self.components(classifier.num_classes)):
-            part_key = jax.random.fold_in(key, index)
+            part_key, robust_before = jax.random.fold_in(key, index), robust.sum()
             stage_keys = jax.random.split(part_key, targets) if targets else part_key[None]
             for k, stage_key in enumerate(stage_keys):
                 chosen = np.flatnonzero(robust)
@@ -118,6 +133,8 @@ class AutoAttack(Attack):
                 x_adv[chosen[success]] = np.asarray(result.x_adv)[:chosen.size][success]
                 queries[chosen] += np.asarray(result.queries)[:chosen.size]
                 robust[chosen[success]] = False
+            if isinstance(attack, Square):
+                flags.report([flags.square_beats_white_box(robust_before - robust.sum(), len(labels))], self.checks)
         result = _finish(classifier, x_adv, labels, queries)
         return AttackResult(x_adv=_placed_like(result.x_adv, x), success=_placed_like(result.success, y),
                             queries=_placed_like(result.queries, y), margin=_placed_like(result.margin, y))

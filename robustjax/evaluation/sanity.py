@@ -27,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from robustjax import attacks, losses
+from robustjax.attacks import flags
 from robustjax.attacks.decision import DecisionAttack
-from robustjax.attacks.score import ScoreAttack, looks_like_probabilities
+from robustjax.attacks.flags import BLACK_BOX_TOLERANCE
+from robustjax.attacks.score import ScoreAttack
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset
 from robustjax.distributed import to_host
@@ -44,16 +46,10 @@ DEFAULT_EPS = 8 / 255
 # A rise of robust accuracy with epsilon within this many binomial standard errors of the
 # accuracy is taken for sampling noise.
 NOISE_Z = 2.0
-# AutoAttack's tolerance for Square beating the white-box attacks (checks.check_square_sr).
-BLACK_BOX_TOLERANCE = 0.002
 # Later restarts may fool this share of the examples (and always one) without a warning.
 RESTART_TOLERANCE = 0.01
 # PGD with the whole [0, 1] box as its Linf ball should fool (nearly) every example.
 UNBOUNDED_MAX_ACCURACY = 0.05
-# One 8-bit grey level: the step a gradient must register over (see input_gradients).
-GREY_LEVEL = 1 / 255
-# AutoAttack's threshold on the L2 distance of unit-normalised logits of repeated calls.
-RANDOMNESS_TOLERANCE = 1e-4
 # Loss landscape: an example is irregular when one step of the grid carries more than this
 # share of the loss's total variation along the line (an even rise gives 1 / grid each).
 LANDSCAPE_MAX_STEP_SHARE = 0.5
@@ -231,23 +227,6 @@ def black_box_beats_white_box(report: dict) -> dict:
 
 
 @jax.jit
-def _outputs_and_margin_gradients(classifier: Classifier, x: jax.Array, y: jax.Array):
-    """The outputs, the CW margin and its input gradient, per example."""
-    def total_margin(images):
-        outputs = classifier(images)
-        margin = losses.margin(outputs, y)
-        return margin.sum(), (outputs, margin)
-
-    gradient, (outputs, margin) = jax.grad(total_margin, has_aux=True)(x)
-    return outputs, margin, gradient
-
-
-@jax.jit
-def _logits(classifier: Classifier, x: jax.Array) -> jax.Array:
-    return classifier(x)
-
-
-@jax.jit
 def _loss_along_gradient_sign(classifier: Classifier, x: jax.Array, y: jax.Array, sizes: jax.Array) -> jax.Array:
     """The attack loss (negated CW margin) at ``clip(x + t * sign(gradient), 0, 1)`` for
     every step size ``t`` of ``sizes``: shape (steps, batch)."""
@@ -258,65 +237,23 @@ def _loss_along_gradient_sign(classifier: Classifier, x: jax.Array, y: jax.Array
     return jax.vmap(lambda t: loss(jnp.clip(x + t * direction, 0.0, 1.0)))(sizes)
 
 
+def _entry(flag: flags.Flag) -> dict:
+    return check_entry(flag.name, "warn" if flag.raised else "pass", flag.value, flag.message)
+
+
 def input_gradients(margin: np.ndarray, gradient: np.ndarray) -> dict:
-    """Share of examples whose input gradient of the CW margin is zero (AutoAttack's
-    flag: every entry 0), not finite, or vanishing: a step of one grey level along its sign
-    would change the margin, to first order (``||g||_1 / 255``), by less than float32 can
-    resolve in it (``eps_float32 * max(|margin|, 1)``), so no attack can follow it. The
-    margin is used, not the cross-entropy, because its gradient does not shrink with the
-    model's confidence. Warns when any example is affected."""
-    name = "input_gradients"
-    flat = gradient.reshape(len(gradient), -1)
-    finite = np.isfinite(flat).all(axis=1)
-    zero = finite & (flat == 0).all(axis=1)
-    first_order = np.where(finite, np.abs(flat).sum(axis=1), np.inf) * GREY_LEVEL
-    vanishing = finite & (first_order < np.finfo(np.float32).eps * np.maximum(np.abs(margin), 1.0))
-    value = {"zero": float(zero.mean()), "not_finite": float((~finite).mean()), "vanishing": float(vanishing.mean())}
-    if finite.all() and not vanishing.any():
-        return check_entry(name, "pass", value, "every example has a finite, non-vanishing input gradient")
-    return check_entry(name, "warn", value, f"{(~finite | vanishing).mean():.0%} of the examples have a zero "
-                       f"({value['zero']:.0%}), vanishing ({value['vanishing']:.0%}) or non-finite "
-                       f"({value['not_finite']:.0%}) input gradient")
+    """:func:`robustjax.attacks.flags.input_gradients` as a check entry."""
+    return _entry(flags.input_gradients(margin, gradient))
 
 
 def probability_outputs(outputs: np.ndarray) -> dict:
-    """Whether the outputs look like probabilities (rows non-negative, summing to 1) or
-    log-probabilities (their exponentials do) instead of logits, as AutoAttack checks."""
-    name = "probability_outputs"
-    outputs = outputs.astype(np.float64)
-    log_sum = np.logaddexp.reduce(outputs, axis=-1)
-    value = {"min": float(outputs.min()), "max": float(outputs.max()),
-             "max_row_sum_error": float(np.abs(outputs.sum(-1) - 1).max()),
-             "max_row_logsumexp": float(np.abs(log_sum).max())}
-    if looks_like_probabilities(outputs):
-        return check_entry(name, "warn", value, "the outputs are non-negative and every row sums to 1: the model "
-                           "returns probabilities, not logits")
-    if (outputs <= 0).all() and np.allclose(log_sum, 0.0, atol=1e-4):
-        return check_entry(name, "warn", value, "the outputs' exponentials sum to 1 on every row: the model returns "
-                           "log-probabilities, not logits")
-    return check_entry(name, "pass", value, "the outputs do not look like probabilities or log-probabilities")
+    """:func:`robustjax.attacks.flags.probability_outputs` as a check entry."""
+    return _entry(flags.probability_outputs(outputs))
 
 
 def deterministic_forward(first: np.ndarray, again: np.ndarray, regrouped: np.ndarray) -> dict:
-    """The same examples must give the same logits on a repeated call (``again``) and in
-    another batch (``regrouped``: the logits of the first rows of ``first``, computed at
-    other positions in a batch of other examples). As AutoAttack: warns when a predicted
-    class changes or the L2 distance of the unit-normalised logits exceeds 1e-4 on some
-    example."""
-    name = "deterministic_forward"
-
-    def unit(logits):
-        return logits / (np.linalg.norm(logits, axis=-1, keepdims=True) + 1e-10)
-
-    pairs = {"repeated_call": (first, again), "other_batch": (first[:len(regrouped)], regrouped)}
-    distances = {label: float(np.linalg.norm(unit(a) - unit(b), axis=-1).max()) for label, (a, b) in pairs.items()}
-    changed = {label: int((a.argmax(-1) != b.argmax(-1)).sum()) for label, (a, b) in pairs.items()}
-    value = {"max_distance": distances, "changed_predictions": changed}
-    if max(distances.values()) <= RANDOMNESS_TOLERANCE and not any(changed.values()):
-        return check_entry(name, "pass", value, "repeated calls and another batch composition give the same logits")
-    return check_entry(name, "warn", value, f"the logits change between calls on the same examples (unit-logit "
-                       f"distance up to {max(distances.values()):.3g}, {max(changed.values())} prediction(s) "
-                       "changed): the forward pass is random or depends on the batch")
+    """:func:`robustjax.attacks.flags.deterministic_forward` as a check entry."""
+    return _entry(flags.deterministic_forward(first, again, regrouped))
 
 
 def unbounded_pgd(success: np.ndarray, steps: int) -> dict:
@@ -417,10 +354,10 @@ class Probe:
     def outputs_and_margin_gradients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Computed once, for both the gradient and the probability checks."""
         n = len(self.y)
-        return tuple(to_host(a)[:n] for a in _outputs_and_margin_gradients(self.classifier, *self.on_mesh(self.x, self.y)))
+        return tuple(to_host(a)[:n] for a in flags.outputs_and_margin_gradients(self.classifier, *self.on_mesh(self.x, self.y)))
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return to_host(_logits(self.classifier, self.on_mesh(x)[0]))[:len(x)]
+        return to_host(flags.logits(self.classifier, self.on_mesh(x)[0]))[:len(x)]
 
 
 def _probe_unbounded_pgd(probe: Probe) -> dict:
@@ -449,10 +386,8 @@ def _probe_restarts(probe: Probe) -> dict:
 
 
 def _probe_determinism(probe: Probe) -> dict:
-    # Another batch: the first half of the examples, reversed, beside copies of themselves.
-    half = probe.x[:(len(probe.y) + 1) // 2][::-1]
-    regrouped = probe.logits(np.concatenate([half, half])[:len(probe.y)])[:len(half)][::-1]
-    return deterministic_forward(probe.logits(probe.x), probe.logits(probe.x), regrouped)
+    other, k = flags.regrouped(probe.x)
+    return deterministic_forward(probe.logits(probe.x), probe.logits(probe.x), probe.logits(other)[:k][::-1])
 
 
 def _probe_landscape(probe: Probe) -> dict:
