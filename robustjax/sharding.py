@@ -40,6 +40,20 @@ def varying_like(tree, *like: jax.Array):
     return jax.tree.map(cast, tree)
 
 
+def skip_unless(needed, fn: Callable, skip: Callable, operand):
+    """``fn(operand)`` when ``needed``, else the cheap ``skip(operand)`` (``lax.cond``).
+
+    Inside ``shard_map`` with its varying-axes check, ``fn`` always runs: JAX (0.10) turns
+    a ``cond`` under ``vmap`` into a select over both branches whose constants it makes
+    varying, and a model's constants (its normalisation) then fail the check. Under
+    ``vmap`` both branches run anyway, so only a shard whose examples are all done loses
+    the saving.
+    """
+    if _varying_axes(operand):
+        return fn(operand)
+    return jax.lax.cond(needed, fn, skip, operand)
+
+
 def _varying_axes(value) -> frozenset:
     """The manual mesh axes ``value`` varies over (empty outside ``shard_map``)."""
     manual = getattr(jax.typeof(value), "manual_axis_type", None)

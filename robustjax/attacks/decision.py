@@ -38,7 +38,7 @@ from robustjax.attacks.score import PLACEHOLDER, per_example, select, warn_if_pr
 from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.losses import attack_margin
-from robustjax.sharding import varying_like
+from robustjax.sharding import skip_unless, varying_like
 
 _TINY = 1e-12
 
@@ -62,7 +62,7 @@ def query(
     def decide(batch):
         return attack_margin(classifier(batch), labels, targets) < 0
 
-    decided = jax.lax.cond(allowed.any(), decide, lambda batch: varying_like(jnp.zeros(b * n, bool), batch), images)
+    decided = skip_unless(allowed.any(), decide, lambda batch: jnp.zeros(b * n, bool), images)
     adversarial = decided.reshape(b, n) & allowed
     return adversarial, allowed.sum(axis=1, dtype=jnp.int32)
 

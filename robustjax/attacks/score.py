@@ -29,7 +29,7 @@ from robustjax.checks import check_positive_int
 from robustjax.classifier import Classifier
 from robustjax.distributed import to_host
 from robustjax.losses import attack_margin
-from robustjax.sharding import varying_like
+from robustjax.sharding import skip_unless
 
 # Rows of the classifier's output looked at to tell probabilities from logits.
 _PROBE_ROWS = 2
@@ -151,9 +151,9 @@ def query(
     images = jnp.where(per_example(needed, points), points, PLACEHOLDER).reshape((-1,) + points.shape[-3:])
 
     def skip(batch):
-        return varying_like(jnp.zeros((batch.shape[0], classifier.num_classes), batch.dtype), batch)
+        return jnp.zeros((batch.shape[0], classifier.num_classes), batch.dtype)
 
-    logits = jax.lax.cond(needed.any(), lambda batch: classifier(batch), skip, images)
+    logits = skip_unless(needed.any(), lambda batch: classifier(batch), skip, images)
     return logits.reshape(points.shape[:-3] + (classifier.num_classes,))
 
 
