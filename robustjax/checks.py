@@ -103,7 +103,7 @@ def check_precision(classifier) -> None:
     """Refuses a classifier with float64 parameters (``jax_enable_x64``): attacks and noise
     compute on float32 images, in float32 or bfloat16 (``robustjax.precision``)."""
     wide = sorted({str(np.dtype(leaf.dtype)) for leaf in jax.tree.leaves(classifier.params) if hasattr(leaf, "dtype")
-                   and np.issubdtype(leaf.dtype, np.floating) and np.dtype(leaf.dtype).itemsize > 4})
+                   and jnp.issubdtype(leaf.dtype, jnp.floating) and np.dtype(leaf.dtype).itemsize > 4})
     if wide:
         raise TypeError(f"model {classifier.name!r} has {wide[0]} parameters; robustjax computes on float32 images, "
                         "in float32 or bfloat16: cast the model first, e.g. classifier.replace(params=jax.tree.map("

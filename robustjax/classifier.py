@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, ArrayLike, Float
 
-from robustjax.checks import check_image_batch
+from robustjax.checks import check_image_batch, check_key
 
 ApplyFn = Callable[[Any, jax.Array], jax.Array]
 FeaturesFn = Callable[[Any, jax.Array], Mapping[str, jax.Array]]
@@ -96,6 +96,27 @@ class LinenFeatures(LinenLogits):
             if parts:
                 features[".".join(parts)] = value[-1]
         return features | {"logits": logits}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NoisyParams:
+    """The parameters of a randomized classifier: the model's ``weights`` and the PRNG
+    ``key`` of its next forward pass's noise (see :meth:`Classifier.randomized`)."""
+
+    weights: Any
+    key: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomizedLogits:
+    """``apply_fn`` of a randomized classifier: ``forward(weights, x, key)`` on
+    :class:`NoisyParams`, so wrappers of ``apply_fn(params, x)`` apply unchanged."""
+
+    forward: Callable[[Any, jax.Array, jax.Array], jax.Array]
+
+    def __call__(self, params: NoisyParams, x: jax.Array) -> jax.Array:
+        return self.forward(params.weights, x, params.key)
 
 
 @jax.tree_util.register_dataclass
@@ -196,6 +217,45 @@ class Classifier:
             std=std,
             name=name or type(module).__name__,
         )
+
+    @classmethod
+    def randomized(
+        cls,
+        forward: Callable[[Any, jax.Array, jax.Array], jax.Array],
+        weights: Any,
+        *,
+        key: jax.Array,
+        num_classes: int,
+        input_shape: tuple[int, int, int],
+        mean: tuple[float, ...] = (0.0,),
+        std: tuple[float, ...] = (1.0,),
+        name: str = "randomized classifier",
+    ) -> Classifier:
+        """A classifier whose forward pass is random: ``forward(weights, x_normalised, key)
+        -> logits`` draws its noise (input noise, random resizing, stochastic activations)
+        from ``key``.
+
+        A call is a pure function of the classifier: calling it twice gives the same draw.
+        :meth:`redraw` gives the classifier of another draw; attacks with
+        ``eot_samples`` (Expectation over Transformation, Athalye et al. 2018) average their
+        gradients over fresh draws at every step, and AutoAttack's ``rand`` version runs
+        them. Attacks without EOT see one fixed draw per call.
+        """
+        check_key(key, "key")
+        return cls(params=NoisyParams(weights, key), apply_fn=RandomizedLogits(forward), num_classes=num_classes,
+                   input_shape=input_shape, mean=mean, std=std, name=name)
+
+    @property
+    def is_randomized(self) -> bool:
+        """Whether the forward pass draws noise (built by :meth:`randomized`)."""
+        return isinstance(self.params, NoisyParams)
+
+    def redraw(self, index: int | jax.Array) -> Classifier:
+        """The classifier of another noise draw, the ``index``-th from this one's key
+        (``jax.random.fold_in``); a deterministic classifier is returned as it is."""
+        if not self.is_randomized:
+            return self
+        return self.replace(params=NoisyParams(self.params.weights, jax.random.fold_in(self.params.key, index)))
 
     @classmethod
     def from_linen(

@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 import robustjax as rj  # noqa: E402
+from tests.helpers import predicted_batch, random_linear_classifier  # noqa: E402
 
 # Property-based tests run the same cases on every run (no random seed, no example
 # database); each test sets its own max_examples.
@@ -32,6 +33,18 @@ def digits_clf() -> rj.Classifier:
 @pytest.fixture(scope="session")
 def digits_batch() -> tuple[np.ndarray, np.ndarray]:
     return rj.data.digits("test").arrays(limit=32)
+
+
+@pytest.fixture(scope="session")
+def linear() -> rj.Classifier:
+    """A random 3-class linear classifier of 4x4 grey images: the smallest attack target."""
+    return random_linear_classifier(seed=3, num_classes=3, input_shape=(4, 4, 1))
+
+
+@pytest.fixture(scope="session")
+def batch(linear) -> tuple[np.ndarray, np.ndarray]:
+    """8 images that ``linear`` classifies as labelled."""
+    return predicted_batch(linear, 8)
 
 
 @pytest.fixture

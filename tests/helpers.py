@@ -34,6 +34,13 @@ def random_linear_classifier(seed: int = 0, num_classes: int = 3, input_shape=(4
     return linear_classifier(rng.normal(size=(dim, num_classes)), rng.normal(size=num_classes), input_shape)
 
 
+def predicted_batch(classifier: rj.Classifier, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``size`` uniform images in [0.2, 0.8] (room for a step either way) labelled with
+    ``classifier``'s predictions: every example starts correctly classified."""
+    x = np.random.default_rng(seed).uniform(0.2, 0.8, (size, *classifier.input_shape)).astype(np.float32)
+    return x, np.asarray(jnp.argmax(classifier(jnp.asarray(x)), axis=-1))
+
+
 def tiny_model() -> rj.Classifier:
     """Used by the CLI tests as ``--model tests.helpers:tiny_model``."""
     return rj.zoo.create("digits_cnn", pretrained=False)

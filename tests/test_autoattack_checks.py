@@ -86,8 +86,8 @@ def test_the_class_count_check_names_what_is_left_out_also_inside_jit():
     messages = [str(w.message) for w in caught if issubclass(w.category, flags.ModelCheckWarning)]
     assert any("class_count" in m and "APGD-T is left out" in m for m in messages)
     assert any("target_classes" in m and "9 target classes asked" in m and ": 2 used" in m for m in messages)
-    assert any("APGD-DLR and APGD-T are left out" in f.message for f in flags.class_count(2, 1, untargeted_dlr=True))
-    assert not flags.class_count(4, 3, untargeted_dlr=True)
+    assert any("APGD-DLR and APGD-T are left out" in f.message for f in flags.class_count(2, 1, version="plus"))
+    assert not flags.class_count(4, 3, version="plus")
 
 
 def test_square_beating_the_white_box_components_is_flagged():

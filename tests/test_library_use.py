@@ -46,18 +46,6 @@ SMALL_ATTACKS = {
 }
 
 
-@pytest.fixture(scope="module")
-def linear():
-    return random_linear_classifier(seed=3, num_classes=3, input_shape=(4, 4, 1))
-
-
-@pytest.fixture(scope="module")
-def batch(linear):
-    x = np.random.default_rng(0).uniform(0.2, 0.8, (8, 4, 4, 1)).astype(np.float32)
-    y = np.asarray(jnp.argmax(linear(jnp.asarray(x)), axis=-1))
-    return x, y
-
-
 def explicit_batch(*arrays):
     mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Explicit,))
     return tuple(jax.device_put(a, NamedSharding(mesh, PartitionSpec("batch"))) for a in arrays)
@@ -96,7 +84,7 @@ def test_every_attack_traces_under_vmap_over_keys_and_sweeps_in_shard_map(name, 
 
     mapped = shard_mapped(over_keys, *batch, replicated=(linear, key))
     assert mapped.trace(*batch, linear, key).out_info.shape == batch[0].shape
-    if "eps" in SMALL_ATTACKS[name] and name != "autoattack":  # AutoAttack's eps is not traceable yet
+    if "eps" in SMALL_ATTACKS[name]:
         swept = shard_mapped(lambda x, y, c, k: attack.sweep(c, x, y, key=k, eps=(0.05, 0.1), restarts=2).success[1],
                              *batch, replicated=(linear, key))
         assert swept.trace(*batch, linear, key).out_info.shape == batch[1].shape
@@ -228,8 +216,8 @@ def test_traced_step_size_and_the_checks_of_jax_scalars(linear, batch, key):
         rj.attacks.PGD(eps=jnp.float32(-0.1))
     with pytest.raises(TypeError, match="eps must be a scalar"):
         rj.attacks.PGD(eps=jnp.ones(2))
-    with pytest.raises(TypeError, match="eps must be a Python number"):  # Square's eps shapes its schedule
-        rj.attacks.Square(eps=jnp.float32(0.1))
+    with pytest.raises(TypeError, match="p_init must be a Python number"):  # it shapes Square's schedule
+        rj.attacks.Square(p_init=jnp.float32(0.5))
     with pytest.raises(ValueError, match="steps must be an integer"):
         rj.attacks.PGD(steps=jnp.int32(3))
 

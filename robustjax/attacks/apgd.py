@@ -20,7 +20,9 @@ while the step size resets to ``eps`` (with a restart from the best point) when 
 sparsity fell by more than 5%, and is divided by 1.5 (down to ``eps / 10``) otherwise.
 
 Each example stops at its first successful iterate, which is returned (the per-example
-worst case); an example that never succeeds returns its highest-loss point.
+worst case); an example that never succeeds returns its highest-loss point. On a randomized
+classifier a draw that misclassifies an iterate does not settle it: as in the authors' code,
+every example runs every step and returns the last iterate a draw misclassified.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from robustjax.attacks import threat
+from robustjax.attacks import eot, threat
 from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
 from robustjax.attacks.l1 import l1_random_start
 from robustjax.attacks.loop import resolve_unroll
@@ -105,6 +107,8 @@ class APGD(Attack):
         iteration always uses 1.
       random_start: start on the sphere of radius ``eps`` (linf, l2) or from
         :func:`~robustjax.attacks.l1.l1_random_start` (l1) instead of at ``x``.
+      eot_samples: noise draws each gradient averages over, for a randomized classifier
+        (AutoAttack's ``eot_iter``; :mod:`robustjax.attacks.eot`); each draw is a query.
       unroll: ``lax.fori_loop`` unrolling (``True``, ``False`` or a factor); ``None``
         chooses per backend as PGD does (full unrolling on CPU). Rolled by default: at
         100 steps on the digits CNN (CPU) full unrolling compiled for ~2 minutes instead
@@ -120,6 +124,7 @@ class APGD(Attack):
     rho: float = 0.75
     alpha: float = 0.75
     random_start: bool = True
+    eot_samples: int = 1
     unroll: int | bool | None = False
 
     def __post_init__(self):
@@ -130,9 +135,11 @@ class APGD(Attack):
         check_in_interval(self.rho, "rho", 0.0, 1.0)
         check_in_interval(self.alpha, "alpha", 0.0, 1.0, closed_high=True)
         check_unroll(self.unroll)
+        eot.check_eot_samples(self.eot_samples)
 
     def validate(self, classifier, x, y, key, target) -> None:
         super().validate(classifier, x, y, key, target)
+        eot.warn_if_deterministic(classifier, self.eot_samples, self.name)
         needed = 3 if target is None else 4
         if self.loss == "dlr" and classifier.num_classes < needed:
             kind = "untargeted" if target is None else "targeted"
@@ -171,13 +178,13 @@ class APGD(Attack):
         batch, shape = x.shape[0], (-1,) + (1,) * (x.ndim - 1)
         intervals = jnp.asarray(checkpoint_schedule(self.steps, self.norm))
 
-        def objective(images):
-            logits = classifier(images)
+        def objective(images, model):
+            logits = model(images)
             values = self.objective(logits, y, target)
             return values.sum(), (values, attack_margin(logits, y, target) < 0)
 
-        def evaluate(images):
-            (_, (loss, success)), grad = jax.value_and_grad(objective, has_aux=True)(images)
+        def evaluate(images, draw):
+            grad, (loss, success) = eot.expected_gradient(objective, images, classifier, draw, self.eot_samples)
             return loss, grad, success
 
         def pick(mask, new, old):
@@ -186,8 +193,8 @@ class APGD(Attack):
         def step(i, s: _State) -> _State:
             momentum = jnp.where(i == 0, 1.0, self.alpha)
             x_new = self.ascend(x, s.x_adv, s.x_prev, s.grad, s.step_size, s.sparsity, momentum)
-            loss, grad, success = evaluate(x_new)
-            active = ~s.done
+            loss, grad, success = evaluate(x_new, i + 1)
+            active = jnp.ones_like(s.done) if classifier.is_randomized else ~s.done
             improved = loss > s.loss_best
             x_best, grad_best = pick(improved, x_new, s.x_best), pick(improved, grad, s.grad_best)
             loss_best = jnp.maximum(loss, s.loss_best)
@@ -225,7 +232,7 @@ class APGD(Attack):
                 loss_best=loss_best,
                 x_found=pick(active & success, x_new, s.x_found),
                 done=s.done | success,
-                queries=s.queries + active.astype(jnp.int32),
+                queries=s.queries + active.astype(jnp.int32) * self.eot_samples,
                 increases=jnp.where(at_checkpoint, 0, increases),
                 loss_best_last=loss_best_last,
                 halved_last=halved_last,
@@ -234,7 +241,7 @@ class APGD(Attack):
             )
 
         x_adv = self.start(key, x)
-        loss, grad, success = evaluate(x_adv)
+        loss, grad, success = evaluate(x_adv, 0)
         dim = float(threat.example_size(x))
         init = _State(
             x_adv=x_adv,
@@ -247,7 +254,7 @@ class APGD(Attack):
             loss_best=loss,
             x_found=x_adv,
             done=success,
-            queries=jnp.ones(batch, jnp.int32),
+            queries=jnp.full(batch, self.eot_samples, jnp.int32),
             increases=jnp.zeros(batch, jnp.int32),
             loss_best_last=loss,
             halved_last=jnp.ones(batch, bool),

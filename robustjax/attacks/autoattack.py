@@ -10,14 +10,16 @@ Versions, with the settings of the authors' ``autoattack.py``:
 - ``plus``: APGD-CE and APGD-DLR with 5 restarts each, FAB (untargeted, 5 restarts),
   Square (5,000 queries), APGD-T and FAB-T.
 
-The authors' ``rand`` version averages gradients over the randomness of a stochastic
-model (EOT); a :class:`~robustjax.Classifier` is deterministic, so it is not offered.
+- ``rand``, for randomized defences (:meth:`~robustjax.Classifier.randomized`): APGD-CE
+  and APGD-DLR, one restart each, every gradient averaged over 20 noise draws
+  (``eot_samples``, the authors' ``eot_iter``; Expectation over Transformation).
 
 Every call runs the original's checks on the model (``checks="warn"``, the default, warns
 with :class:`~robustjax.attacks.flags.ModelCheckWarning`; ``"raise"`` raises
 :class:`~robustjax.attacks.flags.ModelCheckError`; ``"off"``): outputs that are
 probabilities, zero or vanishing input gradients and a random or batch-dependent forward
-pass before the attack, the class count (components left out, fewer target classes) and
+pass before the attack (``rand``, made for random models, warns on a deterministic one
+instead), the class count (components left out, fewer target classes) and
 Square fooling examples the white-box components left robust after it. Inside a trace the
 checks on values cannot run: only the class count is checked there.
 
@@ -36,6 +38,7 @@ randomness from the same key (a different batch composition gives different draw
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +46,14 @@ import numpy as np
 
 from robustjax.attacks import flags
 from robustjax.attacks.apgd import APGD
-from robustjax.attacks.base import Attack, AttackResult, finalize, register_attack
+from robustjax.attacks.base import (
+    Attack,
+    AttackResult,
+    finalize,
+    register_attack,
+    split_traceable,
+    with_traced_fields,
+)
 from robustjax.attacks.compaction import bucket, traced
 from robustjax.attacks.fab import FAB
 from robustjax.attacks.square import Square
@@ -52,38 +62,43 @@ from robustjax.distributed import to_host
 from robustjax.fast_conv import with_fast_convolutions
 from robustjax.losses import attack_margin
 
-VERSIONS = ("standard", "plus")
+VERSIONS = ("standard", "plus", "rand")
 NORMS = ("linf", "l2", "l1")
 
 
 @register_attack("autoattack")
 @dataclasses.dataclass(frozen=True)
 class AutoAttack(Attack):
-    """AutoAttack's ``standard`` or ``plus`` ensemble in the ``norm`` ball of radius ``eps``.
+    """AutoAttack's ``standard``, ``plus`` or ``rand`` ensemble in the ``norm`` ball of
+    radius ``eps``.
 
-    ``steps``, ``target_classes`` and ``square_queries`` are the published budgets (100
-    iterations of APGD and FAB, 9 target classes, 5,000 Square queries); smaller ones give a
-    cheaper, weaker evaluation. ``checks`` (``"warn"``, ``"raise"`` or ``"off"``) says what
+    ``steps``, ``target_classes``, ``square_queries`` and ``eot_samples`` are the published
+    budgets (100 iterations of APGD and FAB, 9 target classes, 5,000 Square queries, 20
+    noise draws per gradient in ``rand``); smaller ones give a cheaper, weaker evaluation. ``checks`` (``"warn"``, ``"raise"`` or ``"off"``) says what
     a raised check on the model does; it never changes the result.
     """
 
-    eps: float = 8 / 255
+    traceable = ("eps",)
+
+    eps: float | jax.Array = 8 / 255
     norm: str = "linf"
     version: str = "standard"
     steps: int = 100
     target_classes: int = 9
     square_queries: int = 5000
+    eot_samples: int = 20
     checks: str = dataclasses.field(default="warn", compare=False)
 
     supports_targeted = False
 
     def __post_init__(self):
-        check_nonnegative_float(self.eps, "eps")
+        check_nonnegative_float(self.eps, "eps", traceable=True)
         check_choice(self.norm, NORMS, "norm")
         check_choice(self.version, VERSIONS, "version")
         check_positive_int(self.steps, "steps")
         check_positive_int(self.target_classes, "target_classes")
         check_positive_int(self.square_queries, "square_queries")
+        check_positive_int(self.eot_samples, "eot_samples")
         check_choice(self.checks, flags.MODES, "checks")
 
     def components(self, num_classes: int) -> tuple[tuple[Attack, int, int], ...]:
@@ -95,7 +110,10 @@ class AutoAttack(Attack):
         apgd_t = APGD(**common, loss="dlr") if num_classes >= 4 else None  # targeted DLR needs 4 classes
         fab_t = FAB(**common, num_target_classes=targets)
         square = Square(eps=self.eps, norm=self.norm, max_queries=self.square_queries) if self.norm != "l1" else None
-        if self.version == "standard":
+        if self.version == "rand":
+            draws = dict(common, eot_samples=self.eot_samples)
+            parts = [(APGD(**draws), 1, 0), (APGD(**draws, loss="dlr") if num_classes >= 3 else None, 1, 0)]
+        elif self.version == "standard":
             parts = [(apgd, 1, 0), (apgd_t, 1, targets)]
             if self.norm != "l1":
                 parts += [(fab_t, 1, 0), (square, 1, 0)]
@@ -106,12 +124,13 @@ class AutoAttack(Attack):
         return tuple(part for part in parts if part[0] is not None)
 
     def __call__(self, classifier, x, y, *, key: jax.Array | None = None, target=None) -> AttackResult:
-        flags.report(flags.class_count(classifier.num_classes, self.target_classes, self.version == "plus"), self.checks)
-        if traced(classifier, x, y, key):
+        flags.report(flags.class_count(classifier.num_classes, self.target_classes, self.version), self.checks)
+        if traced(classifier, x, y, key, self.eps):
             return super().__call__(classifier, x, y, key=key, target=target)
         self.validate(classifier, x, y, key, target)
         if self.checks != "off":
-            flags.report(flags.model_flags(classifier, x, y), self.checks)
+            flags.report(flags.randomness_matches(classifier, self.version)
+                         + flags.model_flags(classifier, x, y, expect_randomness=self.version == "rand"), self.checks)
         return self._run_on_robust(classifier, x, y, key)
 
     def _run_on_robust(self, classifier, x, y, key) -> AttackResult:
@@ -128,7 +147,8 @@ class AutoAttack(Attack):
                     break
                 rows = np.resize(chosen, bucket(chosen.size, len(labels), parts=16))  # repeats fill the bucket
                 goal = None if not targets else ranked[rows, ranked.shape[-1] - 1 - k]
-                result = _stage(attack, restarts, classifier, images[rows], labels[rows], goal, stage_key)
+                result = _stage(*split_traceable(attack), restarts, classifier, images[rows], labels[rows], goal,
+                                stage_key)
                 success = np.asarray(result.success)[:chosen.size]
                 x_adv[chosen[success]] = np.asarray(result.x_adv)[:chosen.size][success]
                 queries[chosen] += np.asarray(result.queries)[:chosen.size]
@@ -178,7 +198,11 @@ def _against(attack: Attack, restarts: int, classifier, x, y, target, key) -> At
     return result._replace(success=attack_margin(classifier(result.x_adv), y, None) < 0)
 
 
-_stage = jax.jit(_against, static_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _stage(attack: Attack, fields, restarts: int, classifier, x, y, target, key) -> AttackResult:
+    """:func:`_against` compiled for the static half of a split component (see
+    :func:`~robustjax.attacks.base.split_traceable`), its epsilon an argument."""
+    return _against(with_traced_fields(attack, **fields), restarts, classifier, x, y, target, key)
 
 
 @jax.jit

@@ -2,7 +2,9 @@
 
 An attack is a frozen, hashable dataclass of hyperparameters. Calling it validates the
 inputs on the host, then runs one jitted program with the config as a static argument,
-so each (architecture, attack config, input shape) compiles exactly once.
+except its traceable numbers (epsilon, step sizes), which the program takes as
+arguments: each (architecture, attack config, input shape) compiles exactly once,
+whatever those numbers.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ class Attack(abc.ABC):
 
     name: str = ""
     supports_targeted: bool = True
-    # Fields that may hold a JAX scalar (traced in a user's program, or concrete): they
-    # enter the compiled program as arguments, so new values do not recompile.
+    # Number fields (epsilon, step sizes) that enter the compiled program as float32
+    # arguments, so new values do not recompile; they may hold a JAX scalar (traced in a
+    # user's program, or concrete). None (a default rule) stays part of the static config.
     traceable: tuple[str, ...] = ()
 
     def __call__(
@@ -105,17 +108,19 @@ class Attack(abc.ABC):
         return _sweep(static, restarts, classifier, *as_arrays(x, y, target), key, jnp.asarray(grid, jnp.float32),
                       fields)
 
-    def check_sweep(self, classifier, x, y, key, eps, restarts, target) -> np.ndarray:
-        """Validates a :meth:`sweep` call; returns its epsilons."""
+    def check_sweep(self, classifier, x, y, key, eps, restarts, target) -> np.ndarray | jax.Array:
+        """Validates a :meth:`sweep` call; returns its epsilons (a traced array when any is traced)."""
         if not any(f.name == "eps" for f in dataclasses.fields(self)):
             raise ValueError(f"attack {self.name!r} has no eps to sweep")
         grid = (self.eps,) if eps is None else tuple(eps)
         if not grid:
             raise ValueError("eps must list at least one epsilon")
         for value in grid:
-            check_nonnegative_float(value, "every eps")
+            check_nonnegative_float(value, "every eps", traceable=True)
         check_positive_int(restarts, "restarts")
         self.validate(classifier, x, y, key, target)
+        if any(isinstance(value, jax.core.Tracer) for value in grid):
+            return jnp.asarray(grid, jnp.float32)
         return np.asarray(grid, np.float32)
 
     @abc.abstractmethod
@@ -138,11 +143,16 @@ def as_arrays(x, y, target) -> tuple:
 _PASSED_AS_ARGUMENT = "<passed as an argument>"
 
 
-def split_traceable(attack: Attack) -> tuple[Attack, dict[str, jax.Array]]:
-    """``attack`` as a hashable static config plus its traceable fields that hold JAX
-    arrays, which the compiled program takes as arguments (see ``Attack.traceable``)."""
-    fields = {name: getattr(attack, name) for name in attack.traceable
-              if isinstance(getattr(attack, name), jax.Array)}
+def split_traceable(attack: Attack) -> tuple[Attack, dict[str, jax.Array | np.float32]]:
+    """``attack`` as a hashable static config, equal for any values of its traceable
+    fields, plus those that hold numbers as float32 scalars, which the compiled program
+    takes as arguments (see ``Attack.traceable``).
+
+    Python and NumPy numbers become NumPy scalars (no device array, so a batch on one
+    device stays there), JAX scalars (concrete or traced) float32 JAX scalars.
+    """
+    fields = {name: jnp.asarray(value, jnp.float32) if isinstance(value, jax.Array) else np.float32(value)
+              for name in attack.traceable if (value := getattr(attack, name)) is not None}
     if not fields:
         return attack, {}
     return with_traced_fields(attack, **dict.fromkeys(fields, _PASSED_AS_ARGUMENT)), fields
@@ -150,7 +160,11 @@ def split_traceable(attack: Attack) -> tuple[Attack, dict[str, jax.Array]]:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _run(attack: Attack, classifier, x, y, target, key, fields) -> AttackResult:
-    attack = with_traced_fields(attack, **fields)
+    """``attack`` with its traced ``fields``, run on the batch. The fields pass an
+    optimization barrier: a value that is a constant of a caller's program is then not
+    folded into the arithmetic and rounds as where it is an argument (the compacted run),
+    a difference that finite-difference estimates would magnify."""
+    attack = with_traced_fields(attack, **jax.lax.optimization_barrier(fields))
     run = auto_axes_over_batch(lambda c, x, y, t, k: attack.run(with_fast_convolutions(c), x, y, k, t), x)
     return run(classifier, x, y, target, key)
 
@@ -168,6 +182,7 @@ def with_traced_fields(attack: Attack, **fields) -> Attack:
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _sweep(attack: Attack, restarts: int, classifier, x, y, target, key, grid, fields) -> AttackResult:
+    grid, fields = jax.lax.optimization_barrier((grid, fields))  # as in _run
     attack = with_traced_fields(attack, **fields)
     return auto_axes_over_batch(functools.partial(_sweep_grid, attack, restarts), x, batch_dim=1)(
         classifier, x, y, target, key, grid)
@@ -190,9 +205,16 @@ def _sweep_grid(attack: Attack, restarts: int, classifier, x, y, target, key, gr
                         queries=runs.queries.sum(axis=1), margin=pick(runs.margin))
 
 
+# The noise draw of a randomized classifier that judges an attack's result: one no attack
+# step queries (steps use ``redraw(step)``), so a point fitted to the draws it was found
+# on is not judged by one of them.
+CHECK_DRAW = 2**31 - 1
+
+
 def finalize(classifier: Classifier, x_adv, y, target, queries) -> AttackResult:
-    """Re-evaluates ``x_adv`` with the classifier (one more query) and packs the result."""
-    margin = attack_margin(classifier(x_adv), y, target)
+    """Re-evaluates ``x_adv`` with the classifier (one more query; a fresh noise draw of a
+    randomized one) and packs the result."""
+    margin = attack_margin(classifier.redraw(CHECK_DRAW)(x_adv), y, target)
     return AttackResult(x_adv=x_adv, success=margin < 0, queries=queries + 1, margin=margin)
 
 

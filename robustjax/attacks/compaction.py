@@ -13,6 +13,7 @@ give each example its own key; PGD's random start is drawn on the whole batch, b
 compaction), so the result equals the one-program run of :meth:`Segmented.run`, up to
 the model's floating-point rounding on batches of another size (a few 1e-6 in the logits
 on the CPU, which the finite-difference steps of SPSA and NES can magnify to about 1e-5).
+A randomized classifier's noise does depend on it, so attacks on one run as one program.
 
 State convention: a pytree whose leaves of rank 0 are shared by all examples (an iteration
 counter, the same for every active example) and whose other leaves are per example, with
@@ -80,7 +81,7 @@ class Segmented(Attack):
 
     def __call__(self, classifier, x, y, *, key: jax.Array | None = None, target=None) -> AttackResult:
         static, fields = split_traceable(self)
-        if not self.compactable or not on_one_device(classifier, x, y, key, target, fields):
+        if not compacts(self, classifier) or not on_one_device(classifier, x, y, key, target, fields):
             return super().__call__(classifier, x, y, key=key, target=target)
         self.validate(classifier, x, y, key, target)
         return run_compacted(static, classifier, *as_arrays(x, y, target), key, fields)
@@ -95,10 +96,17 @@ class Segmented(Attack):
         with epsilon, and it is charged no further queries. An example keeps its first
         successful restart, or the restart with the lowest margin when none succeeded.
         """
-        if not self.compactable or not on_one_device(classifier, x, y, key, target) or split_traceable(self)[1]:
+        if not compacts(self, classifier) or not on_one_device(classifier, x, y, key, target, split_traceable(self)[1],
+                                                               eps):
             return super().sweep(classifier, x, y, key=key, eps=eps, restarts=restarts, target=target)
         grid = self.check_sweep(classifier, x, y, key, eps, restarts, target)
         return nested_sweep(self, classifier, *as_arrays(x, y, target), key, grid, restarts)
+
+
+def compacts(attack: Segmented, classifier) -> bool:
+    """Whether ``attack`` on ``classifier`` gains from compaction and keeps its result: not
+    on a randomized classifier, whose noise draw depends on an example's place in the batch."""
+    return attack.compactable and not classifier.is_randomized
 
 
 def traced(*trees) -> bool:
@@ -132,14 +140,14 @@ def bucket(count: int, batch: int, factor: int = 2, parts: int = 4) -> int:
     return size
 
 
-def run_compacted(attack: Segmented, classifier, x, y, target, key, fields=None) -> AttackResult:
+def run_compacted(attack: Segmented, classifier, x, y, target, key, fields) -> AttackResult:
     """Runs ``attack`` segment by segment on a working batch that shrinks to the next
     bucket size as soon as the examples still active fit in it.
 
-    ``fields`` maps attack fields to values passed traced (an epsilon of a sweep), so that
-    changing them does not recompile.
+    ``attack`` and ``fields`` are the two halves of :func:`~robustjax.attacks.base.split_traceable`:
+    the programs are compiled for the static config and take the field values as
+    arguments, so that new values do not recompile.
     """
-    fields = fields or {}
     batch = x.shape[0]
     state = _start(attack, fields, classifier, x, y, key, target)
     rows, count = np.arange(batch), batch  # the working batch: examples at rows, the first count real
@@ -164,6 +172,7 @@ def _write_back(rows: np.ndarray, count: int, batch: int) -> np.ndarray:
 
 def nested_sweep(attack: Segmented, classifier, x, y, target, key, grid: np.ndarray, restarts: int) -> AttackResult:
     """:meth:`Segmented.sweep` on concrete arrays (``grid`` validated, any order)."""
+    static, fields = split_traceable(attack)
     keys = jax.random.split(key, restarts)
     batch = x.shape[0]
     x_adv, success = np.array(x)[None].repeat(len(grid), 0), np.zeros((len(grid), batch), bool)
@@ -178,8 +187,8 @@ def nested_sweep(attack: Segmented, classifier, x, y, target, key, grid: np.ndar
             if not pending.size:
                 break
             rows = np.resize(pending, bucket(pending.size, batch))
-            result = run_compacted(attack, classifier, x[rows], y[rows], None if target is None else target[rows],
-                                   restart_key, {"eps": jnp.float32(grid[e])})
+            result = run_compacted(static, classifier, x[rows], y[rows], None if target is None else target[rows],
+                                   restart_key, fields | {"eps": grid[e]})
             result = jax.tree.map(lambda leaf: np.asarray(leaf)[: pending.size], result)
             better = result.success | (result.margin < margin[e][pending])
             chosen = pending[better]

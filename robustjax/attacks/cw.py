@@ -68,20 +68,22 @@ class CWL2(Attack):
         backend (digits CNN, batch 64) and compiles about 3x slower at 20 steps.
     """
 
+    traceable = ("initial_const", "learning_rate")
+
     confidence: float = 0.0
-    initial_const: float = 1e-2
+    initial_const: float | jax.Array = 1e-2
     binary_search_steps: int = 9
     steps: int = 100
-    learning_rate: float = 1e-2
+    learning_rate: float | jax.Array = 1e-2
     abort_early: bool = True
     unroll: int | bool | None = False
 
     def __post_init__(self):
         check_nonnegative_float(self.confidence, "confidence")
-        check_positive_float(self.initial_const, "initial_const")
+        check_positive_float(self.initial_const, "initial_const", traceable=True)
         check_positive_int(self.binary_search_steps, "binary_search_steps")
         check_positive_int(self.steps, "steps")
-        check_positive_float(self.learning_rate, "learning_rate")
+        check_positive_float(self.learning_rate, "learning_rate", traceable=True)
         check_unroll(self.unroll)
 
     def run(self, classifier, x, y, key, target) -> AttackResult:

@@ -155,7 +155,9 @@ class FAB(Attack):
     pass, for every run (target); plus the forward pass at ``x`` that picks the targets.
     """
 
-    eps: float = 8 / 255
+    traceable = ("eps",)
+
+    eps: float | jax.Array = 8 / 255
     norm: str = "linf"
     steps: int = 100
     alpha_max: float = 0.1
@@ -166,7 +168,7 @@ class FAB(Attack):
     unroll: int | bool | None = False
 
     def __post_init__(self):
-        check_nonnegative_float(self.eps, "eps")
+        check_nonnegative_float(self.eps, "eps", traceable=True)
         check_choice(self.norm, threat.NORMS, "norm")
         check_positive_int(self.steps, "steps")
         check_in_interval(self.alpha_max, "alpha_max", 0.0, 1.0, closed_low=True, closed_high=True)

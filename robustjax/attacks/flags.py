@@ -127,8 +127,8 @@ def probability_outputs(outputs: np.ndarray) -> Flag:
 
 
 def deterministic_forward(first: np.ndarray, again: np.ndarray, regrouped: np.ndarray) -> Flag:
-    """The same examples must give the same logits on a repeated call (``again``) and in
-    another batch (``regrouped``: the logits of the first rows of ``first``, computed at
+    """The same examples must give the same logits on a repeated call (``again``; another
+    noise draw of a randomized classifier) and in another batch (``regrouped``: the logits of the first rows of ``first``, computed at
     other positions in a batch of other examples). As AutoAttack: raised when a predicted
     class changes or the L2 distance of the unit-normalised logits exceeds 1e-4 on some
     example."""
@@ -148,13 +148,19 @@ def deterministic_forward(first: np.ndarray, again: np.ndarray, regrouped: np.nd
                 "changed): the forward pass is random or depends on the batch")
 
 
-def class_count(num_classes: int, target_classes: int, untargeted_dlr: bool) -> list[Flag]:
+def class_count(num_classes: int, target_classes: int, version: str) -> list[Flag]:
     """AutoAttack's ``check_n_classes``: the DLR loss needs 3 classes and its targeted form
-    (APGD-T) 4, so below that robustjax leaves those components out; and a model has only
-    ``num_classes - 1`` target classes, the number robustjax then uses."""
+    (APGD-T) 4, so below that robustjax leaves those components of ``version`` out; and a
+    model has only ``num_classes - 1`` target classes, the number robustjax then uses
+    (``rand`` has no targeted component)."""
     flags = []
+    if version == "rand":
+        if num_classes < 3:
+            flags.append(Flag("class_count", True, {"num_classes": num_classes}, f"the DLR loss needs 3 classes; "
+                              f"the model has {num_classes}: APGD-DLR is left out"))
+        return flags
     if num_classes < 4:
-        left_out = "APGD-DLR and APGD-T are" if untargeted_dlr and num_classes < 3 else "APGD-T is"
+        left_out = "APGD-DLR and APGD-T are" if version == "plus" and num_classes < 3 else "APGD-T is"
         flags.append(Flag("class_count", True, {"num_classes": num_classes}, f"the targeted DLR loss needs 4 "
                           f"classes and DLR 3; the model has {num_classes}: {left_out} left out"))
     if target_classes > num_classes - 1:
@@ -162,6 +168,16 @@ def class_count(num_classes: int, target_classes: int, untargeted_dlr: bool) -> 
                           f"{target_classes} target classes asked, but a {num_classes}-class model has only "
                           f"{num_classes - 1}: {num_classes - 1} used"))
     return flags
+
+
+def randomness_matches(classifier: Classifier, version: str) -> list[Flag]:
+    """``rand`` is for randomized classifiers: on a deterministic one its 20 draws per step
+    are the same model (the original warns likewise)."""
+    if version == "rand" and not classifier.is_randomized:
+        return [Flag("deterministic_rand", True, {"version": version}, "version='rand' on a deterministic classifier "
+                     "averages 20 identical gradients per step: use version='standard', or build the model with "
+                     "Classifier.randomized if its forward pass is random")]
+    return []
 
 
 def square_beats_white_box(fooled_by_square: int, num_examples: int) -> Flag:
@@ -177,11 +193,14 @@ def square_beats_white_box(fooled_by_square: int, num_examples: int) -> Flag:
                 "their gradients may be masked; run Square with more queries and restarts, or an adaptive attack")
 
 
-def model_flags(classifier: Classifier, x: jax.Array, y: jax.Array) -> list[Flag]:
-    """The model-based flags on a batch: probability outputs, input gradients, determinism."""
+def model_flags(classifier: Classifier, x: jax.Array, y: jax.Array, *, expect_randomness: bool = False) -> list[Flag]:
+    """The model-based flags on a batch: probability outputs, input gradients, and
+    determinism unless ``expect_randomness`` (an evaluation made for random models)."""
     outputs, margin, gradient = map(to_host, outputs_and_margin_gradients(classifier, x, y))
+    found = [probability_outputs(outputs), input_gradients(margin, gradient)]
+    if expect_randomness:
+        return found
     other, k = regrouped(to_host(x))
     other = jax.device_put(other, x.sharding) if isinstance(x, jax.Array) else other
-    again, in_other = (to_host(logits(classifier, batch)) for batch in (x, other))
-    return [probability_outputs(outputs), input_gradients(margin, gradient),
-            deterministic_forward(outputs, again, in_other[:k][::-1])]
+    again, in_other = (to_host(logits(classifier.redraw(1), batch)) for batch in (x, other))
+    return [*found, deterministic_forward(outputs, again, in_other[:k][::-1])]

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from robustjax.attacks import threat
+from robustjax.attacks import eot, threat
 from robustjax.attacks.base import AttackResult, finalize
 from robustjax.attacks.compaction import Segmented
 from robustjax.checks import (
@@ -61,7 +61,8 @@ class GradientAscent(Segmented):
     """Masked ascent on :meth:`objective` from :meth:`x_start`, moved by :meth:`update`.
 
     Subclasses are dataclasses with the fields ``eps``, ``norm``, ``steps``,
-    ``step_size``, ``random_start``, ``early_stop``, ``l1_sparsity`` and ``unroll``.
+    ``step_size``, ``random_start``, ``early_stop``, ``l1_sparsity``, ``eot_samples`` and
+    ``unroll``.
     """
 
     eps: float | jax.Array
@@ -71,6 +72,7 @@ class GradientAscent(Segmented):
     random_start: bool
     early_stop: bool
     l1_sparsity: float
+    eot_samples: int
     unroll: int | bool | None
 
     def check_fields(self) -> None:
@@ -82,6 +84,11 @@ class GradientAscent(Segmented):
             check_nonnegative_float(self.step_size, "step_size", traceable=True)
         check_unroll(self.unroll)
         check_in_interval(self.l1_sparsity, "l1_sparsity", 0, 1, closed_high=True)
+        eot.check_eot_samples(self.eot_samples)
+
+    def validate(self, classifier, x, y, key, target) -> None:
+        super().validate(classifier, x, y, key, target)
+        eot.warn_if_deterministic(classifier, self.eot_samples, self.name)
 
     def x_start(self, key, x) -> jax.Array:
         """The first iterate: uniform in the threat ball with ``random_start``, else ``x``."""
@@ -113,13 +120,13 @@ class GradientAscent(Segmented):
         return ~state.done & (state.step < self.steps)
 
     def _step(self, classifier, x, y, target):
-        def loss_and_logits(images):
-            logits = classifier(images)
+        def loss_and_logits(images, model):
+            logits = model(images)
             return self.objective(logits, y, target).sum(), logits
 
         def step(_, s: AscentState) -> AscentState:
             running = self.active(s)
-            grad, logits = jax.grad(loss_and_logits, has_aux=True)(s.x_adv)
+            grad, logits = eot.expected_gradient(loss_and_logits, s.x_adv, classifier, s.step, self.eot_samples)
             done = s.done | (running & (attack_margin(logits, y, target) < 0)) if self.early_stop else s.done
             x_next, carry_next = self.update(x, s.step, s.x_adv, grad, s.carry)
             moving = running & ~done
@@ -128,7 +135,7 @@ class GradientAscent(Segmented):
                 x_adv=jnp.where(_per_example(moving, x_next), x_next, s.x_adv),
                 carry=jax.tree.map(lambda new, old: jnp.where(_per_example(moving, new), new, old), carry_next, s.carry),
                 done=done,
-                queries=s.queries + running.astype(jnp.int32),
+                queries=s.queries + running.astype(jnp.int32) * self.eot_samples,
             )
 
         return step

@@ -31,7 +31,8 @@ class MIFGSM(GradientAscent):
       eps, norm, steps: the threat ball and the number of steps.
       step_size: step length; ``None`` means ``eps / steps`` (the paper's choice).
       decay: momentum factor mu (1.0 in the paper).
-      random_start, early_stop, l1_sparsity, unroll: as in :class:`robustjax.attacks.PGD`.
+      random_start, early_stop, l1_sparsity, eot_samples, unroll: as in
+        :class:`robustjax.attacks.PGD`.
     """
 
     traceable = ("eps", "step_size")
@@ -44,6 +45,7 @@ class MIFGSM(GradientAscent):
     random_start: bool = False
     early_stop: bool = True
     l1_sparsity: float = 0.05
+    eot_samples: int = 1
     unroll: int | bool | None = None
 
     def __post_init__(self):

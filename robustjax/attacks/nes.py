@@ -94,22 +94,24 @@ class NES(EstimatedGradientAttack):
         the label, or minus that of the target, as the authors); maximised.
     """
 
-    eps: float = 8 / 255
+    traceable = ("eps", "step_size")
+
+    eps: float | jax.Array = 8 / 255
     norm: str = "linf"
     max_queries: int = 10_000
     samples: int = 25
     sigma: float = 1e-3
-    step_size: float | None = None
+    step_size: float | jax.Array | None = None
     momentum: float = 0.9
     loss: str = "margin"
 
     def __post_init__(self):
-        check_nonnegative_float(self.eps, "eps")
+        check_nonnegative_float(self.eps, "eps", traceable=True)
         check_choice(self.norm, NORMS, "norm")
         check_positive_int(self.samples, "samples")
         check_positive_float(self.sigma, "sigma")
         if self.step_size is not None:
-            check_nonnegative_float(self.step_size, "step_size")
+            check_nonnegative_float(self.step_size, "step_size", traceable=True)
         check_in_interval(self.momentum, "momentum", 0.0, 1.0, closed_low=True)
         check_choice(self.loss, LOSSES, "loss")
         self.check_budget()

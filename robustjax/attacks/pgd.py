@@ -34,6 +34,8 @@ class PGD(GradientAscent):
       random_start: start from a uniform point in the ball instead of ``x``.
       early_stop: freeze each example at its first successful iterate.
       l1_sparsity: for l1, the fraction of coordinates one step moves.
+      eot_samples: noise draws each step's gradient averages over, for a randomized
+        classifier (:mod:`robustjax.attacks.eot`); each draw is a query.
       unroll: ``lax.fori_loop`` unrolling (``True``, ``False`` or a factor); ``None``
         chooses per backend.
     """
@@ -47,6 +49,7 @@ class PGD(GradientAscent):
     random_start: bool = True
     early_stop: bool = True
     l1_sparsity: float = 0.05
+    eot_samples: int = 1
     unroll: int | bool | None = None
 
     def __post_init__(self):

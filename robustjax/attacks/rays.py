@@ -77,15 +77,16 @@ class RayS(DecisionAttack):
     """
 
     max_queries: int = 10_000
-    eps: float | None = None
+    eps: float | jax.Array | None = None
     tolerance: float = 1e-3
 
     supports_targeted = False
+    traceable = ("eps",)
 
     def __post_init__(self):
         self.check_budget()
         if self.eps is not None:
-            check_nonnegative_float(self.eps, "eps")
+            check_nonnegative_float(self.eps, "eps", traceable=True)
         check_positive_float(self.tolerance, "tolerance")
 
     def search(self, classifier, x, y, target, key, active, queries, limit):

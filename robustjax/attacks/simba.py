@@ -83,14 +83,16 @@ class SimBA(ScoreAttack, Segmented):
       stride: DCT only, width of each following ring of frequencies.
     """
 
-    step_size: float = 0.2
+    traceable = ("step_size",)
+
+    step_size: float | jax.Array = 0.2
     basis: str = "dct"
     max_queries: int = 10_000
     freq_dims: int = 4
     stride: int = 1
 
     def __post_init__(self):
-        check_positive_float(self.step_size, "step_size")
+        check_positive_float(self.step_size, "step_size", traceable=True)
         check_choice(self.basis, BASES, "basis")
         check_positive_int(self.freq_dims, "freq_dims")
         check_positive_int(self.stride, "stride")

@@ -84,16 +84,18 @@ class SPSA(EstimatedGradientAttack):
         ``spsa_iters``).
     """
 
-    eps: float = 8 / 255
+    traceable = ("eps", "learning_rate")
+
+    eps: float | jax.Array = 8 / 255
     max_queries: int = 10_000
-    learning_rate: float = 0.01
+    learning_rate: float | jax.Array = 0.01
     delta: float = 0.01
     samples: int = 128
     sample_batches: int = 1
 
     def __post_init__(self):
-        check_nonnegative_float(self.eps, "eps")
-        check_positive_float(self.learning_rate, "learning_rate")
+        check_nonnegative_float(self.eps, "eps", traceable=True)
+        check_positive_float(self.learning_rate, "learning_rate", traceable=True)
         check_positive_float(self.delta, "delta")
         check_positive_int(self.samples, "samples")
         check_positive_int(self.sample_batches, "sample_batches")

@@ -246,14 +246,16 @@ class Square(ScoreAttack, Segmented):
         choice: margin untargeted, cross-entropy targeted.
     """
 
-    eps: float = 8 / 255
+    traceable = ("eps",)
+
+    eps: float | jax.Array = 8 / 255
     norm: str = "linf"
     max_queries: int = 5000
     p_init: float = 0.8
     loss: str | None = None
 
     def __post_init__(self):
-        check_nonnegative_float(self.eps, "eps")
+        check_nonnegative_float(self.eps, "eps", traceable=True)
         check_choice(self.norm, NORMS, "norm")
         check_in_interval(self.p_init, "p_init", 0.0, 1.0, closed_high=True)
         if self.loss is not None:

@@ -95,7 +95,9 @@ CHECKS = {info.name: info for info in (
     CheckInfo("deterministic_forward", "AutoAttack's randomized-defence flag (Croce & Hein 2020); Athalye et "
               "al. 2018 §4.2 (stochastic gradients, EOT)",
               "A random forward pass gives stochastic gradients: attack the expectation over the randomness "
-              "(EOT, e.g. AutoAttack's rand version), or make the model deterministic (eval mode)."),
+              "(EOT): wrap the model with Classifier.randomized and evaluate it with AutoAttack's rand version "
+              "({name = \"autoattack\", version = \"rand\"}) or attacks with eot_samples; or make the model "
+              "deterministic (eval mode)."),
     CheckInfo("loss_landscape", "Engstrom, Ilyas & Athalye 2018 (arXiv 1807.10272): loss landscapes of a masked "
               "model are flat or jagged along the gradient direction",
               "The loss does not respond smoothly to the gradient's direction: gradients are masked; try BPDA, "
@@ -387,7 +389,8 @@ def _probe_restarts(probe: Probe) -> dict:
 
 def _probe_determinism(probe: Probe) -> dict:
     other, k = flags.regrouped(probe.x)
-    return deterministic_forward(probe.logits(probe.x), probe.logits(probe.x), probe.logits(other)[:k][::-1])
+    redrawn = dataclasses.replace(probe, classifier=probe.classifier.redraw(1))  # a randomized model's next draw
+    return deterministic_forward(probe.logits(probe.x), redrawn.logits(probe.x), redrawn.logits(other)[:k][::-1])
 
 
 def _probe_landscape(probe: Probe) -> dict:
