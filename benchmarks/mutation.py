@@ -38,7 +38,8 @@ TESTS = {
     "sweep": ["tests/test_sweep*.py", "tests/test_notice_sweep.py"],
     "metrics": ["tests/test_metrics_*.py", "tests/test_metric_defects.py"],
     "evaluation": ["tests/test_evaluation*.py", "tests/test_records.py", "tests/test_resume.py",
-                   "tests/test_metric_suite.py", "tests/test_sanity.py", "tests/test_notice_sanity.py"],
+                   "tests/test_metric_suite.py", "tests/test_sanity.py", "tests/test_notice_sanity.py",
+                   "tests/test_plan.py", "tests/test_natural_shift.py"],
 }
 
 
