@@ -32,8 +32,12 @@ def test_components_follow_the_published_versions():
     plus = names(rj.attacks.AutoAttack(version="plus"))
     assert [(n, r) for n, _, r, _ in plus] == [("APGD", 5), ("APGD", 5), ("FAB", 5), ("Square", 1), ("APGD", 1),
                                                ("FAB", 1)]
+    # fra31/auto-attack's 'rand': APGD-CE and untargeted APGD-DLR, one restart, 20 EOT draws
+    rand = rj.attacks.AutoAttack(version="rand").components(10)
+    assert names(rj.attacks.AutoAttack(version="rand")) == [("APGD", "ce", 1, 0), ("APGD", "dlr", 1, 0)]
+    assert [a.eot_samples for a, _, _ in rand] == [20, 20]
     with pytest.raises(ValueError, match="version must be one of"):
-        rj.attacks.AutoAttack(version="rand")
+        rj.attacks.AutoAttack(version="rand_plus")
 
 
 def test_ensemble_is_at_least_as_strong_as_its_first_attack(digits_clf, digits_batch, key):

@@ -157,6 +157,7 @@ def test_sequence_report(digits_clf):
     assert section["results"][0]["flip_probability"] == pytest.approx(float(direct["flip_probability"]))
     assert section["mean_flip_probability"] == pytest.approx(
         np.mean([r["flip_probability"] for r in section["results"]]))
+    assert timed_examples(section["timing"]) == pytest.approx(2 * 12, rel=0.05)  # every sequence's images
 
 
 def test_system_noise_tables_are_validated():
@@ -182,3 +183,9 @@ def test_system_noise_report(digits_clf):
     assert section["mean_accuracy"] == pytest.approx(np.mean(accuracies))
     assert section["negative_std"] == pytest.approx(-np.std(accuracies))
     assert all(0.5 < a <= 1.0 for a in accuracies)  # the digits CNN still sees digits
+    assert timed_examples(section["timing"]) == pytest.approx(6 * 30, rel=0.05)  # every variant's images
+
+
+def timed_examples(timing: dict) -> float:
+    """The examples a section's throughput counts: images/s times the seconds not compiling."""
+    return timing["images_per_s"] * (timing["wall_s"] - timing["compile_s"])

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -97,3 +98,23 @@ def test_plan_check_names_the_unknown_key_its_table_and_the_nearest_valid_one(tm
     assert main(["plan", "check", str(tmp_path / "plan.toml")]) == 2
     err = capsys.readouterr().err
     assert "[sanity]: unknown key(s) 'stpes' (did you mean 'steps'?)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_plan_and_every_table_in_it_are_frozen_and_hashable():
+    """A plan is validated once, when it is read: a table changed afterwards would run settings
+    nothing checked and that the resume fingerprint, taken from the plan, would not show."""
+    raw = {
+        "attacks": [{"name": "pgd", "eps": [0.1, 0.2]}],
+        "corruptions": {"names": ["gaussian_noise"], "severities": [1]},
+        "sequences": {"names": ["translate"]},
+        "system_noise": {"decoders": ["pil"], "resizes": ["pil-bilinear"]},
+        "metrics": {}, "sanity": {"enabled": True},
+        "natural_shift": {"ood": ["folder:/nonexistent"]}}
+    plan = plan_from_dict(raw)
+    tables = [plan, *plan.runs, plan.corruptions, plan.sequences, plan.system_noise, plan.metrics,
+              plan.sanity, plan.natural_shift]
+    for table in tables:
+        assert type(table).__dataclass_params__.frozen, type(table).__name__
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(table, dataclasses.fields(table)[0].name, None)
+    assert hash(plan) == hash(plan_from_dict(raw))  # by value: equal plans are one cache key

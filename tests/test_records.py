@@ -69,3 +69,16 @@ def test_a_populations_attacks_read_its_clean_outcome_instead_of_classifying_aga
     for result, model in zip((first, second), models):
         alone = evaluate(model, rj.data.digits("test"), plan)
         assert result["attacks"][0]["robust_accuracy"] == alone["attacks"][0]["robust_accuracy"]
+
+
+def test_a_populations_sections_hold_each_kind_with_the_figures_of_evaluate():
+    model, dataset = rj.zoo.create("digits_mlp", pretrained=False), rj.data.digits("test")
+    plan = plan_from_dict({"batch_size": 16, "num_examples": 16, "sanity": {"enabled": False},
+                           "sequences": {"names": ["brightness"], "length": 3, "batch_size": 8},
+                           "system_noise": {"decoders": ["pil"], "resizes": ["pil-nearest"]}})
+    report = evaluate(model, dataset, plan)
+    (result,) = evaluate_population_batch(Population.stack([model]), dataset, plan)
+    assert result["sequences"] == [{key: r[key] for key in ("name", "flip_probability", "top5_distance")}
+                                   for r in report["sequences"]["results"]]
+    assert [{key: r[key] for key in ("decoder", "resize", "accuracy")} for r in result["system_noise"]] == \
+        report["system_noise"]["results"]

@@ -87,6 +87,16 @@ def test_claims_are_exclusive_and_free_again_when_the_worker_dies_or_the_lease_e
     assert store.claim(alive, ids, 60, lambda a: 6)[:2] == ["n0", "n2"]
 
 
+def test_commit_returns_how_many_of_its_rows_were_new(tmp_path):
+    store = _store(tmp_path)
+    store.set_items([("clean", "clean", {}, ("clean",))])
+    store.add_networks([(f"n{i}", "b0", {}) for i in range(5)])
+    row = lambda i: {"arch_id": f"n{i}", "item_key": "clean", "status": "ok", "figures": {"clean": 1.0},  # noqa: E731
+                     "outcome": pack(np.ones((1, 3), bool)), "examples": 3, "seconds": 0.0, "worker": "w"}
+    assert [store.commit([row(i) for i in batch]) for batch in ([0], [0, 1], [1, 2, 3], [3], [2, 4])] == [
+        1, 1, 2, 0, 1]
+
+
 def test_status_counts_a_populations_networks_once_and_not_the_claims_of_dead_workers(tmp_path, monkeypatch):
     store = _store(tmp_path)
     store.set_items([("clean", "clean", {}, ("clean",))])

@@ -170,6 +170,13 @@ def test_dimension_effects_by_hand():
     assert e["mean"] == pytest.approx(mean, abs=1e-12)
     assert e["std"] == pytest.approx(std, abs=1e-12)
     assert (e["min"], e["max"]) == (0.20, 0.45)
+    # every network with edge_2<-0 == none failed under PGD: that group has no statistics
+    table = make_table()
+    for arch_id in ("n03", "n06", "n10"):
+        table = with_none(table, arch_id, "pgd eps=0.1")
+    (e,) = [e for e in dimension_effects(table) if e["dimension"] == "edge_2<-0" and e["value"] == "none"
+            and e["figure"] == "pgd eps=0.1"]
+    assert e["n"] == 0 and all(math.isnan(e[k]) for k in ("mean", "std", "min", "max"))
 
 
 def read_csv(path) -> list[dict]:
