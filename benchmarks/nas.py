@@ -55,6 +55,7 @@ from robustjax.evaluation import evaluate
 from robustjax.evaluation.items import ItemRunner, expand, rung
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
+from robustjax.nas.nb201_packed import packing_order, signature_of
 from robustjax.nas.population import choose_layout, from_supernet
 
 PLAN = {"batch_size": 256, "num_examples": 256, "seed": 0, "sanity": {"enabled": False},
@@ -168,8 +169,10 @@ def fitting_sizes(supernet: rj.nas.Supernet, archs: list, dataset, plan, calibra
     """Per item, the most networks of a population of ``archs`` its program runs at once in
     the device's free memory (compiling each item's program for the memory analysis)."""
     runner = ItemRunner(dataset, plan)
-    sequential = choose_layout(layout, len(archs), supernet.space) == "sequential"
-    population = from_supernet(supernet, archs, calibration=calibration, sequential=sequential)
+    chosen = choose_layout(layout, len(archs), supernet.space)
+    sequential = chosen == "sequential"
+    population = from_supernet(supernet, archs, calibration=calibration, sequential=sequential,
+                               packed=chosen == "packed")
     return {item.labels[0]: runner.fitting_size(item, population.classifier, population.axes, sequential)
             for item in expand(plan)}
 
@@ -182,26 +185,36 @@ def arithmetic(supernet: rj.nas.Supernet, archs: list, dataset, plan, layout: st
     loop's body once with every branch of a switch, which is not what runs: each network
     runs its body once and each edge only its op (counted at run time by
     tests/test_nas_population.py), so it executes its own FLOPs, the ratio 1 by
-    construction, and the row gives XLA's static count beside it."""
+    construction, and the row gives XLA's static count beside it. Packed, XLA's count is
+    what runs (each op on its group's examples)."""
     runner = ItemRunner(dataset, plan)
-    sequential = choose_layout(layout, len(archs), supernet.space) == "sequential"
-    population = from_supernet(supernet, archs, sequential=sequential)
+    chosen = choose_layout(layout, len(archs), supernet.space)
+    sequential = chosen == "sequential"
+    population = from_supernet(supernet, archs, sequential=sequential, packed=chosen == "packed")
     rows = {}
     for item in expand(plan):
         own = sum(runner.compiled(item, supernet.subnet(arch), None).cost_analysis()["flops"] for arch in archs)
         static = runner.compiled(item, population.classifier, population.axes, sequential).cost_analysis()["flops"]
         rows[item.labels[0]] = {"own_gflops": round(own / 1e9, 2), "xla_static_gflops": round(static / 1e9, 2),
                                 "executed_over_own": 1.0 if sequential else round(static / own, 2)}
-    return {"layout": "sequential" if sequential else "masks", "networks": len(archs), "per_item": rows}
+    return {"layout": chosen, "networks": len(archs), "per_item": rows}
 
 
 def programs_for_every_cell(space: rj.nas.NB201Space, population_size: int, plan, layout: str) -> int:
     """The programs a sweep of all 15,625 NAS-Bench-201 cells (one resolution) compiles:
     per item, one per population size it runs (the full populations' and the last one's
-    rung, ``items.rung``), whatever the cells; exact shapes compile one per cell and item."""
-    items = len(expand(plan))
-    if choose_layout(layout, population_size, space) == "exact":
+    rung, ``items.rung``), whatever the cells; exact shapes compile one per cell and item;
+    packed, one per population signature, the cells in ``nb201_packed.packing_order``."""
+    items, chosen = len(expand(plan)), choose_layout(layout, population_size, space)
+    if chosen == "exact":
         return len(space) * items
+    if chosen == "packed":
+        cells = packing_order([space.config(index) for index in range(len(space))], population_size)
+        populations = [cells[start:start + population_size] for start in range(0, len(cells), population_size)]
+        last = populations[-1]
+        if len(last) < population_size:  # padded with copies of its first network (items.rung)
+            last.extend(last[:1] * (rung(len(last), population_size) - len(last)))
+        return items * len({signature_of(np.stack([c.op_indices() for c in p])) for p in populations})
     full, last = divmod(len(space), population_size)
     sizes = ({population_size} if full else set()) | ({rung(last, population_size)} if last else set())
     return items * len(sizes)
@@ -286,12 +299,15 @@ def write_arithmetic(space_name: str, population_size: int, out: Path) -> None:
     printed and written to results/nas_arithmetic_SPACE.BACKEND.json."""
     supernet, dataset, _ = inputs(space_name, PLAN["num_examples"], 1)
     plan, archs = plan_from_dict(PLAN), supernet.space.sample(jax.random.key(0), 8)
-    layouts = ("masks", "sequential") if isinstance(supernet.space, rj.nas.NB201Space) else ("masks",)
+    layouts = ("masks", "sequential", "packed") if isinstance(supernet.space, rj.nas.NB201Space) else ("masks",)
     measured = {layout: arithmetic(supernet, archs, dataset, plan, layout) for layout in layouts}
     if isinstance(supernet.space, rj.nas.NB201Space):
         measured["programs_for_all_15625_cells"] = {
             layout: programs_for_every_cell(supernet.space, population_size, plan, layout)
             for layout in (*layouts, "exact")}
+        # packing_order gives every full population one signature where 25 divides the size
+        measured["programs_for_all_15625_cells"]["packed, population size 125"] = programs_for_every_cell(
+            supernet.space, 125, plan, "packed")
     print(json.dumps(measured, indent=1))
     facts = machine_facts(())
     path = out / f"nas_arithmetic_{space_name}.{facts['backend']}.json"

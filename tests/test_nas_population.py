@@ -239,7 +239,7 @@ def test_exact_shapes_and_masks_give_the_same_results(calibration):
     choose, nb201 = rj.nas.population.choose_layout, rj.nas.space("nb201_digits")
     assert choose("auto", 1) == "exact" and choose("auto", 2, supernet.space) == "masks"
     assert choose("auto", 2, nb201) == "sequential" and choose("auto", 2, nb201, network_shards=2) == "masks"  # CPU
-    with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'sequential', 'exact'\), got 'mask'"):
+    with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'sequential', 'packed', 'exact'\), got 'mask'"):
         rj.nas.population.choose_layout("mask", 2)
 
 
@@ -252,5 +252,5 @@ def test_a_layout_that_runs_networks_in_turn_is_refused_with_network_shards_ever
             evaluate_population(supernet, [0, 1], rj.data.digits("test"), plan, network_shards=2, layout=layout)
     with pytest.raises(ValueError, match=r"layout='sequential' runs one network at a time"):
         Sweep(plan=plan, dataset="digits", space="nb201_digits", network_shards=2, layout="sequential")
-    with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'sequential'\), got 'exact'"):
+    with pytest.raises(ValueError, match=r"layout must be one of \('auto', 'masks', 'sequential', 'packed'\), got 'exact'"):
         Sweep(plan=plan, dataset="digits", space="nb201_digits", layout="exact")

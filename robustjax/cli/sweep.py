@@ -32,7 +32,7 @@ from robustjax.evaluation import load_plan
 from robustjax.nas.recalibrate import DEFAULT_IMAGES
 from robustjax.sweep import export, trained
 from robustjax.sweep.analyze import analyze
-from robustjax.sweep.engine import Sweep, context, open_store, run_local
+from robustjax.sweep.engine import SWEEP_LAYOUTS, Sweep, context, open_store, run_local
 from robustjax.sweep.ray_executor import check_executable, connect, run_ray
 from robustjax.sweep.store import Store, worker_id
 from robustjax.training import StepReport
@@ -46,7 +46,7 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
     plan = with_options(load_plan(args.plan), args)
     common = {"plan": plan, "dataset": args.dataset, "split": args.split, "data_dir": args.data_dir,
               "population_size": args.population_size, "calibration_images": args.calibration_images,
-              "network_shards": args.network_shards}
+              "network_shards": args.network_shards, "layout": args.layout}
     if args.models:
         if args.space or args.ids or args.all or args.n is not None or args.supernet or args.weights:
             raise ValueError("--models runs a list of models; --space, --ids, --n, --all, --supernet and --weights "
@@ -224,6 +224,11 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
                      "(default: %(default)s)")
     run.add_argument("--network-shards", type=int, default=1, help="devices the networks of a population split "
                      "over; the others split the examples (default: %(default)s)")
+    run.add_argument("--layout", choices=SWEEP_LAYOUTS, default="auto",
+                     help="how a population of subnets runs: masks (side by side), sequential (one after another), "
+                     "packed (NAS-Bench-201, side by side with each op run once on the examples of the networks "
+                     "choosing it; a population size divisible by 25 lets every population share one program); "
+                     "auto: sequential for NB201 on the CPU, masks otherwise (default: %(default)s)")
     run.add_argument("--calibration-images", type=int, default=DEFAULT_IMAGES,
                      help="training images that recalibrate each subnet's batch norm (default: %(default)s)")
     run.add_argument("--ray", help="run on a Ray cluster: 'auto' or HOST:PORT of its head (needs robustjax[ray])")

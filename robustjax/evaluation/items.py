@@ -52,6 +52,7 @@ from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import REFERENCE_BASELINE, AttackRun, Plan
 from robustjax.evaluation.progress import UNTRACKED, Step
 from robustjax.metrics.calibration import max_softmax
+from robustjax.nas.nb201_packed import PackedChoice
 from robustjax.nas.population import network_count, over_networks
 from robustjax.noise import flip, sequences
 from robustjax.precision import with_precision
@@ -545,7 +546,10 @@ def _select(params: Any, axes: Any, members: Any) -> Any:
     """The population of networks ``members`` (indices, in order; the network axis kept)."""
     if isinstance(axes, tuple):
         return tuple(_select(p, a, members) for p, a in zip(params, axes))
-    return params if axes is None else jax.tree.map(lambda leaf: leaf[np.asarray(members)], params)
+    if axes is None:
+        return params
+    return jax.tree.map(lambda leaf: leaf.select(members) if isinstance(leaf, PackedChoice) else leaf[np.asarray(members)],
+                        params, is_leaf=lambda leaf: isinstance(leaf, PackedChoice))
 
 
 def padded_size(networks: int, network_shards: int) -> int:

@@ -34,6 +34,7 @@ from robustjax.evaluation.items import (
 )
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
+from robustjax.nas.nb201_packed import packing_order
 from robustjax.nas.population import (
     Population,
     check_layout,
@@ -93,8 +94,9 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     used. The local devices form a mesh of ``network_shards`` x the rest: networks split
     over the first axis, examples over the second (a population is padded to a multiple of
     ``network_shards``). ``layout`` (``nas.population.choose_layout``) runs a resolution
-    bucket's subnets in one program over the supernet's shapes, side by side (masks) or one
-    after another (sequential), or each at its own shapes (exact). ``on_population`` receives
+    bucket's subnets in one program over the supernet's shapes, side by side (masks), one
+    after another (sequential) or NAS-Bench-201's packed by op (packed), or each at its own
+    shapes (exact). ``on_population`` receives
     each population's results as they are done. An item whose population would not fit in a
     device's free memory runs it in parts of the largest size that fits; only one that not
     even a single network fits is refused, before it runs (``items.PopulationTooLarge``).
@@ -102,7 +104,7 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     check_population_plan(plan)
     if not isinstance(population_size, int) or population_size < 1:
         raise ValueError(f"population_size must be an int >= 1, got {population_size!r}")
-    check_layout(layout, network_shards)
+    check_layout(layout, network_shards, space=supernet.space)
     images = None if calibration is None else calibration_subset(calibration)
     runner = ItemRunner(dataset, plan, DataParallel(plan.batch_size, network_shards=network_shards))
     by_id = {}
@@ -125,9 +127,11 @@ def _populations(supernet: Supernet, configs: list, calibration: np.ndarray | No
         for config in configs:
             yield exact_subnet(supernet, config, calibration=calibration), 1
         return
+    if chosen == "packed":  # populations of one signature share a program
+        configs = packing_order(configs, population_size)
     size = padded_size(min(population_size, len(configs)), network_shards)
     for start in range(0, len(configs), size):
         chunk = configs[start:start + size]
         padded = rung(len(chunk), size, network_shards)
         yield from_supernet(supernet, chunk + [chunk[0]] * (padded - len(chunk)), calibration=calibration,
-                            sequential=chosen == "sequential"), len(chunk)
+                            sequential=chosen == "sequential", packed=chosen == "packed"), len(chunk)

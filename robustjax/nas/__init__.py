@@ -10,7 +10,7 @@ supernets, batch-norm recalibration and supernet training.
 """
 
 from robustjax.nas import models as _models  # noqa: F401  (registers nas.* in the zoo)
-from robustjax.nas import population, standalone
+from robustjax.nas import nb201_packed, population, standalone
 from robustjax.nas.bignas import NAMED_SUBNETS, BigNASConfig, BigNASSpace
 from robustjax.nas.build import build_network, build_supernet, choice
 from robustjax.nas.models import bundled_supernet
@@ -33,5 +33,5 @@ from robustjax.nas.train import TrainSettings, train_supernet
 
 __all__ = ["BigNASConfig", "BigNASSpace", "Cost", "NAMED_SUBNETS", "NB201Config", "NB201Space", "Population",
            "SearchSpace", "Supernet", "TrainSettings", "build_network", "build_supernet", "bundled_supernet",
-           "calibration_subset", "choice", "create", "from_networks", "get", "load_folder", "names", "population",
-           "recalibrate", "register_space", "space", "space_doc", "standalone", "train_supernet"]
+           "calibration_subset", "choice", "create", "from_networks", "get", "load_folder", "names", "nb201_packed",
+           "population", "recalibrate", "register_space", "space", "space_doc", "standalone", "train_supernet"]

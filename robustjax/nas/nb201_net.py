@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from robustjax.nas.nb201 import EDGES, OPS, NB201Config, NB201Space
+from robustjax.nas.nb201_packed import PackedChoice, avg_pool_3x3, packed_edge
 from robustjax.zoo.resnet_layers import batch_norm, conv, global_average_pool
 
 CONV_KERNELS = {"nor_conv_1x1": 1, "nor_conv_3x3": 3}
@@ -32,16 +33,6 @@ class ReLUConvBN(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.bn(self.conv(nnx.relu(x)))
-
-
-def avg_pool_3x3(x: jax.Array) -> jax.Array:
-    """3x3 average pooling, stride 1, padding 1, padded cells not counted
-    (``nn.AvgPool2d(3, 1, 1, count_include_pad=False)``)."""
-    def window_sum(v):
-        return jax.lax.reduce_window(v, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
-
-    counts = window_sum(jnp.ones((1, *x.shape[1:3], 1), x.dtype))  # small, unlike a count over x's shape
-    return window_sum(x) / counts
 
 
 class Cell(nnx.Module):
@@ -76,14 +67,19 @@ class SuperCell(nnx.Module):
     - (6, 5) one-hot op weights (:func:`op_weights`): every op runs and the chosen one is
       selected, not multiplied in, so no inf or NaN of an op the network does not use
       reaches the sum (0 * inf = NaN); batch norm may update its statistics (training,
-      recalibration)."""
+      recalibration);
+    - a population's :class:`~robustjax.nas.nb201_packed.PackedChoice`: under ``vmap`` over
+      its networks, each edge runs each op once on the examples of the networks that chose
+      it (inference and input gradients only)."""
 
     def __init__(self, channels: int, *, rngs: nnx.Rngs):
         self.conv1x1 = nnx.List([ReLUConvBN(channels, channels, 1, rngs=rngs) for _ in EDGES])
         self.conv3x3 = nnx.List([ReLUConvBN(channels, channels, 3, rngs=rngs) for _ in EDGES])
 
-    def __call__(self, x: jax.Array, ops: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, ops: jax.Array | PackedChoice) -> jax.Array:
         def edge_output(edge: int, op: None, source: jax.Array) -> jax.Array:
+            if isinstance(ops, PackedChoice):
+                return self._packed(edge, ops.indices[edge], ops.signature[edge], source)
             if jnp.issubdtype(ops.dtype, jnp.integer):
                 branches = (jnp.zeros_like, lambda s: s, self.conv1x1[edge], self.conv3x3[edge], avg_pool_3x3)
                 return jax.lax.switch(ops[edge], branches, source)  # in OPS order
@@ -92,6 +88,13 @@ class SuperCell(nnx.Module):
             return sum(jnp.where(w[op] != 0, w[op] * out, 0) for op, out in enumerate(outputs, start=1))
 
         return _cell_forward(x, edge_output, (None,) * len(EDGES))
+
+    def _packed(self, edge: int, op: jax.Array, counts: tuple[int, ...], source: jax.Array) -> jax.Array:
+        """Edge ``edge``'s op ``op`` on ``source``, packed by network (``packed_edge``)."""
+        layers = (self.conv1x1[edge], self.conv3x3[edge])
+        kernels = tuple(layer.conv.kernel[...] for layer in layers)
+        norms = tuple((n.scale[...], n.bias[...], n.mean[...], n.var[...]) for n in (layer.bn for layer in layers))
+        return packed_edge(counts)(source, op, kernels, norms)
 
 
 def _cell_forward(x: jax.Array, edge_output: Callable, ops: tuple) -> jax.Array:

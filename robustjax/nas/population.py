@@ -33,6 +33,7 @@ from robustjax.classifier import Classifier
 from robustjax.nas import build
 from robustjax.nas.bignas import BigNASConfig, BigNASSpace
 from robustjax.nas.nb201 import NB201Config, NB201Space
+from robustjax.nas.nb201_packed import PackedChoice
 from robustjax.nas.recalibrate import batch_norm_statistics
 from robustjax.nas.supernet import Supernet, through_supernet
 
@@ -130,30 +131,40 @@ def resolution_buckets(space: build.Space, archs: Sequence[Any]) -> dict[int, li
     return buckets
 
 
-LAYOUTS = ("auto", "masks", "sequential", "exact")
+LAYOUTS = ("auto", "masks", "sequential", "packed", "exact")
 
 
-def check_layout(layout: str, network_shards: int = 1, allowed: tuple[str, ...] = LAYOUTS) -> None:
-    """Refuses a layout not in ``allowed``, and one that runs a network at a time
-    (``"sequential"``, ``"exact"``) with networks split over ``network_shards`` > 1."""
+def check_layout(layout: str, network_shards: int = 1, allowed: tuple[str, ...] = LAYOUTS,
+                 space: build.Space | None = None) -> None:
+    """Refuses a layout not in ``allowed``; one that runs a network at a time
+    (``"sequential"``, ``"exact"``) or packs a population's networks by op (``"packed"``)
+    with networks split over ``network_shards`` > 1; and ``"packed"`` outside NAS-Bench-201."""
     if layout not in allowed:
         raise ValueError(f"layout must be one of {allowed}, got {layout!r}")
     if layout in ("exact", "sequential") and network_shards != 1:
         raise ValueError(f"layout={layout!r} runs one network at a time: it cannot split networks over "
                          "network_shards (--network-shards)")
+    if layout == "packed" and network_shards != 1:
+        raise ValueError("layout='packed' needs every network of a population on each device: it cannot split "
+                         "networks over network_shards (--network-shards)")
+    if layout == "packed" and space is not None and not isinstance(space, NB201Space):
+        raise ValueError(f"layout='packed' packs NAS-Bench-201 subnets by op; {space.name} is not a NAS-Bench-201 "
+                         "space (use masks or exact)")
 
 
 def choose_layout(layout: str, networks: int, space: build.Space | None = None, network_shards: int = 1) -> str:
     """How a bucket of ``networks`` subnets runs: ``"masks"`` (one population over the
     supernet's shapes, the networks side by side: one program for all), ``"sequential"``
     (the same program's networks one after another, each NB201 edge running only its
-    network's op) or ``"exact"`` (each subnet sliced to its own shapes, one program each).
+    network's op), ``"packed"`` (NAS-Bench-201: side by side, each edge running each op once
+    on the examples of the networks that chose it, ``nas.nb201_packed``; one program per
+    population signature) or ``"exact"`` (each subnet sliced to its own shapes, one program each).
     ``"auto"`` takes exact shapes only for a lone network, which has no program to share
     (on the 2-core CPU, masks give 6.5x the networks per hour of exact shapes, whose
     compiles dominate), and runs NAS-Bench-201 populations sequentially on the CPU, where
     side by side they compute every op of every edge (``benchmarks/README.md``, ``nas``).
     Networks split over ``network_shards`` > 1 run side by side."""
-    check_layout(layout, network_shards)
+    check_layout(layout, network_shards, space=space)
     if layout != "auto":
         return layout
     if network_shards != 1:
@@ -171,13 +182,17 @@ def exact_subnet(supernet: Supernet, arch: Any, *, calibration: np.ndarray | Non
 
 
 def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.ndarray | None = None,
-                  batch_size: int = 256, sequential: bool = False) -> Population:
+                  batch_size: int = 256, sequential: bool = False, packed: bool = False) -> Population:
     """Subnets ``archs`` of ``supernet`` as one population: shared weights, per-subnet op
     choices, and per-subnet batch-norm statistics recalibrated on ``calibration`` images
     ([0, 1]) in one vmapped pass, or the supernet's own statistics when none are given;
     ``sequential``: its networks run one after another (:class:`Population`), each NB201
-    subnet chosen by op indices, so that each edge runs only its op."""
+    subnet chosen by op indices, so that each edge runs only its op; ``packed`` (NB201):
+    side by side, each edge running each op once on the examples of the networks that chose
+    it (:mod:`~robustjax.nas.nb201_packed`)."""
     space = supernet.space
+    if packed and (sequential or not isinstance(space, NB201Space)):
+        raise ValueError(f"{space.name}: packed populations are NAS-Bench-201 subnets side by side (not sequential)")
     buckets = resolution_buckets(space, archs)
     if len(buckets) > 1:
         raise ValueError(f"{space.name}: these subnets compute at {len(buckets)} resolutions "
@@ -197,6 +212,8 @@ def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.n
     graphdef = nnx.split(module, nnx.Param, nnx.BatchStat)[0]
     if sequential:  # each NB201 edge runs its network's op alone
         choices = jax.tree.map(lambda *c: np.stack(c), *[build.choice(space, c, op_indices=True) for c in configs])
+    if packed:
+        choices = PackedChoice.of(np.stack([build.choice(space, c, op_indices=True) for c in configs]))
     classifier = Classifier(
         params=(params, stats, choices),
         apply_fn=build.Resized(build.SupernetLogits(graphdef), build.resolution(space, configs[0])),

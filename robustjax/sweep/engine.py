@@ -79,8 +79,8 @@ class Sweep:
     ``models`` (zoo names or ``package.module:function``), one network each. A plan with a
     ``[training]`` table makes the networks the zoo ``models`` trained with each of its
     technique sets, into folders under ``trained_dir``. ``layout``: how a population of
-    subnets runs, ``"auto"``, ``"masks"`` or ``"sequential"`` (``nas.population.choose_layout``;
-    a lone network runs at its own shapes)."""
+    subnets runs, ``"auto"``, ``"masks"``, ``"sequential"`` or ``"packed"``
+    (``nas.population.choose_layout``; a lone network runs at its own shapes)."""
 
     plan: Plan
     dataset: str = data.DEFAULT_DATASET
@@ -97,7 +97,11 @@ class Sweep:
     layout: str = "auto"
 
     def __post_init__(self):
-        check_layout(self.layout, self.network_shards, SWEEP_LAYOUTS)
+        check_layout(self.layout, self.network_shards, SWEEP_LAYOUTS,
+                     nas.space(self.space) if self.space is not None else None)
+        if self.layout == "packed" and (self.weights is not None or self.models):
+            raise ValueError("layout 'packed' runs subnets that share a supernet's weights; standalone networks "
+                             "(--weights, --models) have their own (use masks or sequential)")
         if (self.space is None) == (not self.models):
             raise ValueError("a sweep runs over a NAS space (--space) or a list of models (--models), one of the two")
         if isinstance(self.population_size, bool) or not isinstance(self.population_size, int) \
@@ -262,7 +266,8 @@ class Context:
                                                 sequential=layout == "sequential")
         if layout == "exact":
             return exact_subnet(self.supernet, arch_ids[0], calibration=self.calibration)
-        return from_supernet(self.supernet, padded, calibration=self.calibration, sequential=layout == "sequential")
+        return from_supernet(self.supernet, padded, calibration=self.calibration, sequential=layout == "sequential",
+                             packed=layout == "packed")
 
     def evaluate(self, arch_ids: Sequence[str], missing: dict[str, list[str]], *, pad_to: int, worker: str,
                  on_train: Callable[[str, StepReport], None] | None = None) -> Iterator[list[dict]]:
@@ -409,12 +414,15 @@ def context(sweep: Sweep) -> Context:
 
 def open_store(sweep: Sweep, path: str, archs: Sequence[Any]) -> tuple[Store, list[str]]:
     """The sweep's store at ``path`` (made, or checked to hold this sweep), with the networks
-    ``archs`` added; returns it and the arch ids of ``archs``, in order. ``archs`` may be a
-    ``range``: its length is checked before any network is built."""
+    ``archs`` added; returns it and the arch ids of ``archs``, in order (a packed sweep's in
+    ``nas.nb201_packed.packing_order``). ``archs`` may be a ``range``: its length is checked
+    before any network is built."""
     if len(archs) > MAX_NETWORKS:
         raise ValueError(f"a sweep of {len(archs):,} networks is more than one database holds ({MAX_NETWORKS:,}): "
                          "sample some with --n N, or split the ids over several databases with --ids")
     ctx = context(sweep)
+    if sweep.layout == "packed":  # whole cosets first: populations of one signature share a program
+        archs = nas.nb201_packed.packing_order([ctx.space.resolve(arch) for arch in archs], sweep.population_size)
     networks = ctx.networks(archs)
     row_bytes = ROW_OVERHEAD_BYTES + sum(len(pack(np.zeros((len(i.labels), ctx.num_examples), outcome_dtype(i.kind))))
                                          for i in ctx.items)

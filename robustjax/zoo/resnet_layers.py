@@ -12,10 +12,12 @@ from flax import nnx
 from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.convert import TorchWeights
 
+BATCH_NORM_EPSILON = 1e-5  # PyTorch's default
+
 
 def batch_norm(features: int, rngs: nnx.Rngs) -> nnx.BatchNorm:
     """BatchNorm with PyTorch's defaults (eps 1e-5, running-average momentum 0.1)."""
-    return nnx.BatchNorm(features, momentum=0.9, epsilon=1e-5, rngs=rngs)
+    return nnx.BatchNorm(features, momentum=0.9, epsilon=BATCH_NORM_EPSILON, rngs=rngs)
 
 
 def conv(
