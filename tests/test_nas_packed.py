@@ -12,8 +12,9 @@ from robustjax.cli import main
 from robustjax.evaluation import items
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
+from robustjax.nas import nb201_packed
 from robustjax.nas.nb201 import OPS, NB201Config
-from robustjax.nas.nb201_packed import PackedChoice, packing_order, signature_of
+from robustjax.nas.nb201_packed import PackedChoice, packed_edge, packing_order, signature_of
 from robustjax.nas.population import from_supernet, over_networks
 from robustjax.sweep import Store, Sweep, engine, export
 from tests.helpers import count_compiles
@@ -161,3 +162,24 @@ def test_a_packed_sweep_from_the_command_line_gives_the_figures_of_masks(superne
     code = main(["sweep", "run", "--db", str(tmp_path / "b.sqlite"), "--space", "bignas_resnet_basic_digits",
                  "--layout", "packed", "--quiet"])
     assert code == 2 and "is not a NAS-Bench-201 space" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("counts", [(0, 1, 1, 2, 1), (0, 1, 1, 2, 2)], ids=["packed", "other networks"])
+def test_an_edge_shared_by_networks_gives_each_its_own_op(counts):
+    """Images shared by the networks (unbatched under vmap), with the signature of the five
+    networks or with one of more networks (the per-network fallback)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 4, 4, 3)).astype(np.float32)
+    kernels = (rng.normal(size=(1, 1, 3, 3)).astype(np.float32), rng.normal(size=(3, 3, 3, 3)).astype(np.float32))
+    norms = tuple(tuple(rng.uniform(0.5, 1.5, (5, 3)).astype(np.float32) for _ in range(4)) for _ in range(2))
+    ops = np.array([3, 1, 2, 4, 3])
+    out = jax.vmap(lambda op, norm: packed_edge(counts)(x, op, kernels, norm))(ops, norms)
+    for index, op in enumerate(ops):
+        if op in (2, 3):
+            scale, bias, mean, var = (v[index] for v in norms[op - 2])
+            conv = jax.lax.conv_general_dilated(np.maximum(x, 0), kernels[op - 2], (1, 1), "SAME",
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            expected = (conv - mean) / np.sqrt(var + 1e-5) * scale + bias
+        else:
+            expected = x if op == 1 else nb201_packed.avg_pool_3x3(x)
+        np.testing.assert_allclose(out[index], expected, atol=1e-5, rtol=1e-5, err_msg=f"network {index}")

@@ -10,12 +10,13 @@ run on batches as large as the op's group.
 :class:`PackedChoice` carries each network's op indices and, as static data, how many
 networks take each op on each edge (the population's *signature*: populations with equal
 signatures share one compiled program). :func:`packed_edge` is an edge's op (with its
-network's batch norm) whose batching rule (``jax.custom_batching.custom_vmap``) sorts the networks by op,
-runs each op once on its group's examples and puts the results back in network order. Its
+network's batch norm) whose batching rule (``jax.custom_batching.custom_vmap``) sorts the
+networks by op, runs each op once on its group's examples and puts the results back in
+network order. Its
 input gradient is packed the same way (``jax.custom_vjp``); gradients with respect to the
 supernet's weights are refused (train with one-hot op weights instead). Where the networks
-under ``vmap`` are not the population the signature describes, the rule falls back to a
-switch per network, which gives the same values.
+under ``vmap`` are not as many as the signature describes, the rule falls back to a switch
+per network, which gives the same values.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ Signature = tuple[tuple[int, ...], ...]  # per edge, the networks taking each op
 
 @jax.tree_util.register_pytree_node_class
 class PackedChoice:
-    """Op indices (N, 6) of a population's networks, with its static :data:`Signature`."""
+    """Op indices (N, 6) of a population's networks, with its static :data:`Signature`.
+
+    The signature must describe the indices: make one with :meth:`of` and take networks with
+    :meth:`select`, never by indexing the leaves: the batching rule trusts it, and a signature
+    of other ops would run those ops."""
 
     def __init__(self, indices, signature: Signature):
         self.indices = indices
@@ -84,6 +89,7 @@ def packing_order(configs: Sequence, population_size: int) -> list:
     k = 0
     while k < len(EDGES) and population_size % 5 ** (k + 1) == 0:
         k += 1
+
     def coset(config) -> tuple[int, ...]:
         ops = np.asarray(config.op_indices())
         return tuple((ops[k:] - ops[:k].sum()) % 5)
@@ -149,6 +155,7 @@ def _grouped(branches: tuple[Callable, ...], counts: tuple[int, ...]) -> Callabl
         if any(jax.tree.leaves(kernels_batched)):  # weights per network: nothing is shared
             return _per_network(switch, batched, op, kernels, norms, *arrays), True
         arrays = [a if b else jnp.broadcast_to(a, (networks, *a.shape)) for a, b in zip(arrays, arrays_batched)]
+        batched = (op_batched, kernels_batched, norms_batched, *[True] * len(arrays))
         if not op_batched:  # an inner vmap (restarts, an epsilon grid): its axis joins the examples
             if any(jax.tree.leaves(norms_batched)):
                 return _per_network(switch, batched, op, kernels, norms, *arrays), True
