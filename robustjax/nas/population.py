@@ -210,10 +210,10 @@ def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.n
         stats_axis = 0
     module.eval()
     graphdef = nnx.split(module, nnx.Param, nnx.BatchStat)[0]
-    if sequential:  # each NB201 edge runs its network's op alone
+    if sequential or packed:  # each NB201 edge runs its network's op alone, or packed by op
         choices = jax.tree.map(lambda *c: np.stack(c), *[build.choice(space, c, op_indices=True) for c in configs])
     if packed:
-        choices = PackedChoice.of(np.stack([build.choice(space, c, op_indices=True) for c in configs]))
+        choices = PackedChoice.of(choices)
     classifier = Classifier(
         params=(params, stats, choices),
         apply_fn=build.Resized(build.SupernetLogits(graphdef), build.resolution(space, configs[0])),
