@@ -132,6 +132,10 @@ def test_every_cell_in_packing_order_forms_populations_of_one_signature(populati
     # of a subset, whole cosets first and then the rest, every cell kept once
     subset = cells[::3]
     assert sorted(c.arch_id for c in packing_order(subset, 25)) == sorted(c.arch_id for c in subset)
+    with pytest.raises(ValueError, match="population_size must be an integer >= 1, got 0"):
+        packing_order(subset, 0)
+    with pytest.raises(TypeError, match="orders NAS-Bench-201 cells"):
+        packing_order([0, 1], 25)
 
 
 def test_a_packed_sweep_from_the_command_line_gives_the_figures_of_masks(supernet, tmp_path, capsys, monkeypatch):

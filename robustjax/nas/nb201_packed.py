@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from robustjax.nas.nb201 import EDGES, OPS
+from robustjax.nas.nb201 import EDGES, OPS, NB201Config
 from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.resnet_layers import BATCH_NORM_EPSILON
 
@@ -86,6 +86,10 @@ def packing_order(configs: Sequence, population_size: int) -> list:
     so populations of whole cosets all have the signature ``population_size / 5`` per op and
     edge. All 15,625 cells split into whole cosets; of a subset, the whole cosets among it
     come first (in the order they first appear), then the rest in the given order."""
+    if isinstance(population_size, bool) or not isinstance(population_size, int) or population_size < 1:
+        raise ValueError(f"population_size must be an integer >= 1, got {population_size!r}")
+    if not all(isinstance(config, NB201Config) for config in configs):
+        raise TypeError("packing_order orders NAS-Bench-201 cells (NB201Config); resolve ids with space.resolve")
     k = 0
     while k < len(EDGES) and population_size % 5 ** (k + 1) == 0:
         k += 1
