@@ -52,7 +52,7 @@ from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import REFERENCE_BASELINE, AttackRun, Plan
 from robustjax.evaluation.progress import UNTRACKED, Step
 from robustjax.metrics.calibration import max_softmax
-from robustjax.nas.nb201_packed import PackedChoice
+from robustjax.nas.packing import PackedChoices
 from robustjax.nas.population import network_count, over_networks
 from robustjax.noise import flip, sequences
 from robustjax.precision import with_precision
@@ -548,8 +548,8 @@ def _select(params: Any, axes: Any, members: Any) -> Any:
         return tuple(_select(p, a, members) for p, a in zip(params, axes))
     if axes is None:
         return params
-    return jax.tree.map(lambda leaf: leaf.select(members) if isinstance(leaf, PackedChoice) else leaf[np.asarray(members)],
-                        params, is_leaf=lambda leaf: isinstance(leaf, PackedChoice))
+    return jax.tree.map(lambda leaf: leaf.select(members) if isinstance(leaf, PackedChoices) else leaf[np.asarray(members)],
+                        params, is_leaf=lambda leaf: isinstance(leaf, PackedChoices))
 
 
 def padded_size(networks: int, network_shards: int) -> int:

@@ -1,27 +1,15 @@
-"""NAS-Bench-201 subnets packed by op: exact work per network in one vmapped program.
-
-Under ``jax.vmap`` over the networks of a population, an edge that takes its op as data
-(``lax.switch`` on a per-network index) computes every op on every example and selects.
-Subnets of one supernet share its weights, so the networks that choose the same op on an
-edge can instead send their examples through that op together, as one larger batch: each
-example then meets only its own network's op, as in the network alone, and the convolutions
-run on batches as large as the op's group.
+"""NAS-Bench-201 subnets packed by op (:mod:`~robustjax.nas.packing`): the networks that
+choose the same op on an edge send their examples through it together.
 
 :class:`PackedChoice` carries each network's op indices and, as static data, how many
 networks take each op on each edge (the population's *signature*: populations with equal
-signatures share one compiled program). :func:`packed_edge` is an edge's op (with its
-network's batch norm) whose batching rule (``jax.custom_batching.custom_vmap``) sorts the
-networks by op, runs each op once on its group's examples and puts the results back in
-network order. Its
-input gradient is packed the same way (``jax.custom_vjp``); gradients with respect to the
-supernet's weights are refused (train with one-hot op weights instead). Where the networks
-under ``vmap`` are not as many as the signature describes, the rule falls back to a switch
-per network, which gives the same values.
+signatures share one compiled program). :func:`packed_edge` is an edge's op with its
+network's batch norm; :func:`packing_order` orders cells so that populations share a
+signature.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -29,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from robustjax.nas.nb201 import EDGES, OPS, NB201Config
+from robustjax.nas.packing import PackedChoices, packed_op
 from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.resnet_layers import BATCH_NORM_EPSILON
 
@@ -36,7 +25,7 @@ Signature = tuple[tuple[int, ...], ...]  # per edge, the networks taking each op
 
 
 @jax.tree_util.register_pytree_node_class
-class PackedChoice:
+class PackedChoice(PackedChoices):
     """Op indices (N, 6) of a population's networks, with its static :data:`Signature`.
 
     The signature must describe the indices: make one with :meth:`of` and take networks with
@@ -136,84 +125,11 @@ _FORWARD: tuple[Callable, ...] = (
     lambda kernels, norms, x: _relu_conv_bn(x, kernels[1], norms[1]),
     lambda kernels, norms, x: avg_pool_3x3(x.reshape(-1, *x.shape[2:])).reshape(x.shape),
 )
-# The input gradient of each op: (kernels, norms, x, cotangent) -> cotangent of x.
-_BACKWARD: tuple[Callable, ...] = tuple(
-    (lambda op: lambda kernels, norms, x, g: jax.vjp(lambda v: op(kernels, norms, v), x)[1](g)[0])(op)
-    for op in _FORWARD)
 
 
-def _grouped(branches: tuple[Callable, ...], counts: tuple[int, ...]) -> Callable:
-    """``f(op, kernels, norms, *arrays) = branches[op](kernels, norms, *arrays)`` for one
-    network, whose arrays' leading axis is the examples', batched over networks by grouping
-    them by op: ``counts[k]`` networks take op ``k``. ``kernels`` are shared; ``norms`` may
-    be per network."""
-    def switch(op, kernels, norms, *arrays):
-        one = jax.lax.switch(op, branches, kernels, jax.tree.map(lambda v: v[None], norms), *[a[None] for a in arrays])
-        return one[0]
-
-    grouped = jax.custom_batching.custom_vmap(switch)
-
-    @grouped.def_vmap
-    def rule(networks: int, batched, op, kernels, norms, *arrays):
-        op_batched, kernels_batched, norms_batched, *arrays_batched = batched
-        if any(jax.tree.leaves(kernels_batched)):  # weights per network: nothing is shared
-            return _per_network(switch, batched, op, kernels, norms, *arrays), True
-        arrays = [a if b else jnp.broadcast_to(a, (networks, *a.shape)) for a, b in zip(arrays, arrays_batched)]
-        batched = (op_batched, kernels_batched, norms_batched, *[True] * len(arrays))
-        if not op_batched:  # an inner vmap (restarts, an epsilon grid): its axis joins the examples
-            if any(jax.tree.leaves(norms_batched)):
-                return _per_network(switch, batched, op, kernels, norms, *arrays), True
-            out = grouped(op, kernels, norms, *[a.reshape(-1, *a.shape[2:]) for a in arrays])
-            return out.reshape(networks, -1, *out.shape[1:]), True
-        if networks != sum(counts):  # not the population the signature describes
-            return _per_network(switch, batched, op, kernels, norms, *arrays), True
-        norms = jax.tree.map(lambda v, b: v if b else jnp.broadcast_to(v, (networks, *v.shape)), norms, norms_batched)
-        order = jnp.argsort(op, stable=True)  # networks by op: op k's group is a static slice
-        arrays, norms = [a[order] for a in arrays], jax.tree.map(lambda v: v[order], norms)
-        parts, start = [], 0
-        for index, count in enumerate(counts):
-            if count:
-                part = slice(start, start + count)
-                parts.append(branches[index](kernels, jax.tree.map(lambda v: v[part], norms), *[a[part] for a in arrays]))
-                start += count
-        return jnp.concatenate(parts)[jnp.argsort(order)], True
-
-    return grouped
-
-
-def _per_network(switch: Callable, batched, op, kernels, norms, *arrays) -> jax.Array:
-    """``switch`` vmapped over the batched arguments (the unpacked fallback)."""
-    axes = jax.tree.map(lambda b: 0 if b else None, batched)
-    return jax.vmap(switch, in_axes=tuple(axes))(op, kernels, norms, *arrays)
-
-
-@functools.cache
 def packed_edge(counts: tuple[int, ...]) -> Callable:
     """``edge(x, op, kernels, norms)``: op ``OPS[op]`` of an edge on examples ``x``, with the
     edge's shared (1x1, 3x3) ``kernels`` and their batch norms' (scale, bias, mean, var)
     ``norms``; under ``vmap`` over a population whose ``counts[k]`` networks take op ``k``,
-    each op runs once on its group's examples."""
-    forward, backward = _grouped(_FORWARD, counts), _grouped(_BACKWARD, counts)
-
-    @jax.custom_vjp
-    def edge(x, op, kernels, norms):
-        return forward(op, kernels, norms, x)
-
-    def edge_forward(x, op, kernels, norms):
-        if any(v.perturbed for v in jax.tree.leaves((kernels, norms))):
-            raise TypeError("a packed population (layout 'packed') gives no gradient with respect to the supernet's "
-                            "weights; train or recalibrate through one-hot op weights (nas.from_supernet without "
-                            "packed=True)")
-        x, op, kernels, norms = jax.tree.map(lambda v: v.value, (x, op, kernels, norms))
-        return forward(op, kernels, norms, x), (x, op, kernels, norms)
-
-    def edge_backward(residuals, g):
-        x, op, kernels, norms = residuals
-        if isinstance(g, jax.custom_derivatives.SymbolicZero):
-            gx = jnp.zeros_like(x)
-        else:
-            gx = backward(op, kernels, norms, x, g)
-        return gx, None, *jax.tree.map(jnp.zeros_like, (kernels, norms))
-
-    edge.defvjp(edge_forward, edge_backward, symbolic_zeros=True)
-    return edge
+    each op runs once on its group's examples (``packing.packed_op``)."""
+    return packed_op(_FORWARD, counts)
