@@ -204,8 +204,9 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     ev.add_argument("--layout", choices=nas.population.LAYOUTS, default="auto",
                     help="masks: subnets of a resolution side by side in one program over the supernet's shapes; "
                     "sequential: one after another in that program, each NB201 edge running only its op; "
-                    "packed: NB201 side by side, each edge running each op once on the examples of the networks "
-                    "choosing it (a population size divisible by 25 lets every population share one program); "
+                    "packed: side by side, each NB201 edge running each op once on the examples of the networks "
+                    "choosing it (a population size divisible by 25 lets every population share one program), each "
+                    "BigNAS block at each shape its networks take (a program per population); "
                     "exact: each at its own shapes, one program each; auto: exact for a lone network, sequential "
                     "for NB201 on the CPU, masks otherwise (default: %(default)s)")
     ev.add_argument("--out", help="JSON file for the per-network results")

@@ -226,8 +226,9 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
                      "over; the others split the examples (default: %(default)s)")
     run.add_argument("--layout", choices=SWEEP_LAYOUTS, default="auto",
                      help="how a population of subnets runs: masks (side by side), sequential (one after another), "
-                     "packed (NAS-Bench-201, side by side with each op run once on the examples of the networks "
-                     "choosing it; a population size divisible by 25 lets every population share one program); "
+                     "packed (side by side, each NB201 op run once on the examples of the networks choosing it, "
+                     "a population size divisible by 25 letting every population share one program; each BigNAS "
+                     "block at each shape its networks take, a program per population); "
                      "auto: sequential for NB201 on the CPU, masks otherwise (default: %(default)s)")
     run.add_argument("--calibration-images", type=int, default=DEFAULT_IMAGES,
                      help="training images that recalibrate each subnet's batch norm (default: %(default)s)")

@@ -34,13 +34,13 @@ from robustjax.evaluation.items import (
 )
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import Plan
-from robustjax.nas.nb201_packed import packing_order
 from robustjax.nas.population import (
     Population,
     check_layout,
     choose_layout,
     exact_subnet,
     from_supernet,
+    packing_order,
     resolution_buckets,
 )
 from robustjax.nas.recalibrate import calibration_subset
@@ -95,7 +95,7 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     over the first axis, examples over the second (a population is padded to a multiple of
     ``network_shards``). ``layout`` (``nas.population.choose_layout``) runs a resolution
     bucket's subnets in one program over the supernet's shapes, side by side (masks), one
-    after another (sequential) or NAS-Bench-201's packed by op (packed), or each at its own
+    after another (sequential) or packed by the choices they share (packed), or each at its own
     shapes (exact). ``on_population`` receives
     each population's results as they are done. An item whose population would not fit in a
     device's free memory runs it in parts of the largest size that fits; only one that not
@@ -128,7 +128,7 @@ def _populations(supernet: Supernet, configs: list, calibration: np.ndarray | No
             yield exact_subnet(supernet, config, calibration=calibration), 1
         return
     if chosen == "packed":  # populations of one signature share a program
-        configs = packing_order(configs, population_size)
+        configs = packing_order(supernet.space, configs, population_size)
     size = padded_size(min(population_size, len(configs)), network_shards)
     for start in range(0, len(configs), size):
         chunk = configs[start:start + size]

@@ -21,6 +21,13 @@ import numpy as np
 from flax import nnx
 
 from robustjax.nas.bignas import NUM_STAGES, BigNASConfig, BigNASSpace, make_divisible
+from robustjax.nas.bignas_packed import (
+    PackedSubnets,
+    block_branch,
+    block_layers,
+    run_packed,
+    stem_branch,
+)
 from robustjax.ops.conv import conv_general_dilated
 from robustjax.zoo.resnet_layers import batch_norm, global_average_pool
 
@@ -174,8 +181,11 @@ class BigNASResNet(nnx.Module):
         self.blocks = nnx.List(blocks)
         self.classifier = nnx.Linear(shape.widths[-1], shape.num_classes, rngs=rngs)
 
-    def __call__(self, x: jax.Array, choice: SubnetChoice | None = None) -> jax.Array:
-        """Logits; with ``choice``, those of that subnet (this module being the supernet)."""
+    def __call__(self, x: jax.Array, choice: SubnetChoice | PackedSubnets | None = None) -> jax.Array:
+        """Logits; with ``choice``, those of that subnet (this module being the supernet),
+        masked, or packed with the other networks of its population (:mod:`~robustjax.nas.bignas_packed`)."""
+        if isinstance(choice, PackedSubnets):
+            return self._packed(x, choice)
         shape = self.shape
         kernel = None if choice is None else choice.kernels[0]
         x = nnx.relu(self.first_conv(x, kernel))
@@ -191,6 +201,27 @@ class BigNASResNet(nnx.Module):
                 x = y if choice is None or i == 0 else jnp.where(i < choice.depths[stage], y, x)
                 index += 1
         return self.classifier(global_average_pool(x))
+
+    def _packed(self, x: jax.Array, choice: PackedSubnets) -> jax.Array:
+        """Each block at its network's own shape, the networks of one shape together."""
+        shape, signature = self.shape, choice.signature
+
+        def position(index: int, make_branch) -> tuple[list, tuple[int, ...]]:
+            keys, counts = zip(*signature[index])
+            return [make_branch(key) for key in keys], counts
+
+        branches, counts = position(0, lambda key: stem_branch(key, shape.strides[0], shape.widths[0]))
+        first = self.first_conv
+        x = run_packed(branches, counts, x, choice.groups[0], {"conv": (first.conv, first.bn)})
+        index = 0
+        for stage in range(1, NUM_STAGES):
+            for i in range(shape.depths[stage]):
+                projection = i == 0 and shape.projections[stage]
+                branches, counts = position(index + 1, lambda key: block_branch(
+                    shape.block, key, shape.strides[stage] if i == 0 else 1, projection, shape.widths[stage]))
+                x = run_packed(branches, counts, x, choice.groups[index + 1], block_layers(self.blocks[index]))
+                index += 1
+        return self.classifier(global_average_pool(x))  # zero beyond each network's width, as masked
 
 
 def slice_weights(supernet: dict, shape: Shape, subnet: Shape) -> dict:

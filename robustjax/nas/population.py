@@ -30,10 +30,9 @@ import numpy as np
 from flax import nnx
 
 from robustjax.classifier import Classifier
-from robustjax.nas import build
+from robustjax.nas import bignas_packed, build, nb201_packed
 from robustjax.nas.bignas import BigNASConfig, BigNASSpace
 from robustjax.nas.nb201 import NB201Config, NB201Space
-from robustjax.nas.nb201_packed import PackedChoice
 from robustjax.nas.recalibrate import batch_norm_statistics
 from robustjax.nas.supernet import Supernet, through_supernet
 
@@ -138,7 +137,7 @@ def check_layout(layout: str, network_shards: int = 1, allowed: tuple[str, ...] 
                  space: build.Space | None = None) -> None:
     """Refuses a layout not in ``allowed``; one that runs a network at a time
     (``"sequential"``, ``"exact"``) or packs a population's networks by op (``"packed"``)
-    with networks split over ``network_shards`` > 1; and ``"packed"`` outside NAS-Bench-201."""
+    with networks split over ``network_shards`` > 1."""
     if layout not in allowed:
         raise ValueError(f"layout must be one of {allowed}, got {layout!r}")
     if layout in ("exact", "sequential") and network_shards != 1:
@@ -147,18 +146,15 @@ def check_layout(layout: str, network_shards: int = 1, allowed: tuple[str, ...] 
     if layout == "packed" and network_shards != 1:
         raise ValueError("layout='packed' needs every network of a population on each device: it cannot split "
                          "networks over network_shards (--network-shards)")
-    if layout == "packed" and space is not None and not isinstance(space, NB201Space):
-        raise ValueError(f"layout='packed' packs NAS-Bench-201 subnets by op; {space.name} is not a NAS-Bench-201 "
-                         "space (use masks or exact)")
 
 
 def choose_layout(layout: str, networks: int, space: build.Space | None = None, network_shards: int = 1) -> str:
     """How a bucket of ``networks`` subnets runs: ``"masks"`` (one population over the
     supernet's shapes, the networks side by side: one program for all), ``"sequential"``
     (the same program's networks one after another, each NB201 edge running only its
-    network's op), ``"packed"`` (NAS-Bench-201: side by side, each edge running each op once
-    on the examples of the networks that chose it, ``nas.nb201_packed``; one program per
-    population signature) or ``"exact"`` (each subnet sliced to its own shapes, one program each).
+    network's op), ``"packed"`` (side by side, each NB201 edge running each op once on the
+    examples of the networks that chose it, each BigNAS block at each shape the networks
+    take there, ``nas.packing``; one program per population signature) or ``"exact"`` (each subnet sliced to its own shapes, one program each).
     ``"auto"`` takes exact shapes only for a lone network, which has no program to share
     (on the 2-core CPU, masks give 6.5x the networks per hour of exact shapes, whose
     compiles dominate), and runs NAS-Bench-201 populations sequentially on the CPU, where
@@ -175,6 +171,15 @@ def choose_layout(layout: str, networks: int, space: build.Space | None = None, 
     return "sequential" if in_turn else "masks"
 
 
+def packing_order(space: build.Space, configs: Sequence, population_size: int) -> list:
+    """``configs`` ordered so that packed populations of ``population_size`` share as much
+    as they can: NB201 cells so that populations share one signature
+    (``nb201_packed.packing_order``), BigNAS subnets by shape (``bignas_packed.packing_order``)."""
+    if isinstance(space, BigNASSpace):
+        return bignas_packed.packing_order(space, configs)
+    return nb201_packed.packing_order(configs, population_size)
+
+
 def exact_subnet(supernet: Supernet, arch: Any, *, calibration: np.ndarray | None = None) -> Population:
     """Subnet ``arch`` sliced to its own shapes, as a population of one."""
     config = supernet.space.resolve(arch)
@@ -187,12 +192,12 @@ def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.n
     choices, and per-subnet batch-norm statistics recalibrated on ``calibration`` images
     ([0, 1]) in one vmapped pass, or the supernet's own statistics when none are given;
     ``sequential``: its networks run one after another (:class:`Population`), each NB201
-    subnet chosen by op indices, so that each edge runs only its op; ``packed`` (NB201):
-    side by side, each edge running each op once on the examples of the networks that chose
-    it (:mod:`~robustjax.nas.nb201_packed`)."""
+    subnet chosen by op indices, so that each edge runs only its op; ``packed``: side by
+    side, the networks that make the same choice at an NB201 edge or a BigNAS block running
+    it together, each at its own shapes (:mod:`~robustjax.nas.packing`)."""
     space = supernet.space
-    if packed and (sequential or not isinstance(space, NB201Space)):
-        raise ValueError(f"{space.name}: packed populations are NAS-Bench-201 subnets side by side (not sequential)")
+    if packed and sequential:
+        raise ValueError(f"{space.name}: packed populations run their networks side by side, not sequentially")
     buckets = resolution_buckets(space, archs)
     if len(buckets) > 1:
         raise ValueError(f"{space.name}: these subnets compute at {len(buckets)} resolutions "
@@ -210,10 +215,11 @@ def from_supernet(supernet: Supernet, archs: Sequence[Any], *, calibration: np.n
         stats_axis = 0
     module.eval()
     graphdef = nnx.split(module, nnx.Param, nnx.BatchStat)[0]
-    if sequential or packed:  # each NB201 edge runs its network's op alone, or packed by op
+    if packed and isinstance(space, BigNASSpace):
+        choices = bignas_packed.PackedSubnets.of(np.stack([bignas_packed.block_keys(space, c) for c in configs]))
+    elif sequential or packed:  # each NB201 edge runs its network's op alone, or packed by op
         choices = jax.tree.map(lambda *c: np.stack(c), *[build.choice(space, c, op_indices=True) for c in configs])
-    if packed:
-        choices = PackedChoice.of(choices)
+        choices = nb201_packed.PackedChoice.of(choices) if packed else choices
     classifier = Classifier(
         params=(params, stats, choices),
         apply_fn=build.Resized(build.SupernetLogits(graphdef), build.resolution(space, configs[0])),

@@ -415,14 +415,15 @@ def context(sweep: Sweep) -> Context:
 def open_store(sweep: Sweep, path: str, archs: Sequence[Any]) -> tuple[Store, list[str]]:
     """The sweep's store at ``path`` (made, or checked to hold this sweep), with the networks
     ``archs`` added; returns it and the arch ids of ``archs``, in order (a packed sweep's in
-    ``nas.nb201_packed.packing_order``). ``archs`` may be a ``range``: its length is checked
+    ``nas.population.packing_order``). ``archs`` may be a ``range``: its length is checked
     before any network is built."""
     if len(archs) > MAX_NETWORKS:
         raise ValueError(f"a sweep of {len(archs):,} networks is more than one database holds ({MAX_NETWORKS:,}): "
                          "sample some with --n N, or split the ids over several databases with --ids")
     ctx = context(sweep)
-    if sweep.layout == "packed":  # whole cosets first: populations of one signature share a program
-        archs = nas.nb201_packed.packing_order([ctx.space.resolve(arch) for arch in archs], sweep.population_size)
+    if sweep.layout == "packed":  # populations that share the most (NB201: one signature) run together
+        archs = nas.population.packing_order(ctx.space, [ctx.space.resolve(arch) for arch in archs],
+                                             sweep.population_size)
     networks = ctx.networks(archs)
     row_bytes = ROW_OVERHEAD_BYTES + sum(len(pack(np.zeros((len(i.labels), ctx.num_examples), outcome_dtype(i.kind))))
                                          for i in ctx.items)
