@@ -55,8 +55,9 @@ from robustjax.evaluation import evaluate
 from robustjax.evaluation.items import ItemRunner, expand, rung
 from robustjax.evaluation.plan import plan_from_dict
 from robustjax.evaluation.population import evaluate_population
-from robustjax.nas.nb201_packed import packing_order, signature_of
-from robustjax.nas.population import choose_layout, from_supernet
+from robustjax.nas.bignas_packed import PackedSubnets, block_keys
+from robustjax.nas.nb201_packed import signature_of
+from robustjax.nas.population import choose_layout, from_supernet, packing_order
 
 PLAN = {"batch_size": 256, "num_examples": 256, "seed": 0, "sanity": {"enabled": False},
         "attacks": [{"name": "fgsm", "eps": 0.1}, {"name": "pgd", "eps": 0.1, "steps": 10}]}
@@ -64,6 +65,7 @@ PLAN = {"batch_size": 256, "num_examples": 256, "seed": 0, "sanity": {"enabled":
 
 CALIBRATION_IMAGES = 1024
 CIFAR_CALIBRATION_IMAGES = 256  # --scale cifar: a 2-core CPU's share of the work, as the plan's 256 images
+BIGNAS_SWEEP = 1024  # sampled subnets whose packed programs --arithmetic counts
 
 
 def image_passes(plan: dict, calibration_images: int) -> int:
@@ -204,20 +206,30 @@ def programs_for_every_cell(space: rj.nas.NB201Space, population_size: int, plan
     """The programs a sweep of all 15,625 NAS-Bench-201 cells (one resolution) compiles:
     per item, one per population size it runs (the full populations' and the last one's
     rung, ``items.rung``), whatever the cells; exact shapes compile one per cell and item;
-    packed, one per population signature, the cells in ``nb201_packed.packing_order``."""
+    packed, one per population signature (:func:`packed_programs`)."""
     items, chosen = len(expand(plan)), choose_layout(layout, population_size, space)
     if chosen == "exact":
         return len(space) * items
     if chosen == "packed":
-        cells = packing_order([space.config(index) for index in range(len(space))], population_size)
-        populations = [cells[start:start + population_size] for start in range(0, len(cells), population_size)]
-        last = populations[-1]
-        if len(last) < population_size:  # padded with copies of its first network (items.rung)
-            last.extend(last[:1] * (rung(len(last), population_size) - len(last)))
-        return items * len({signature_of(np.stack([c.op_indices() for c in p])) for p in populations})
+        return packed_programs(space, [space.config(index) for index in range(len(space))], population_size, plan)
     full, last = divmod(len(space), population_size)
     sizes = ({population_size} if full else set()) | ({rung(last, population_size)} if last else set())
     return items * len(sizes)
+
+
+def packed_programs(space: rj.nas.SearchSpace, configs: list, population_size: int, plan) -> int:
+    """The programs a packed sweep of ``configs`` compiles: per item, one per population
+    signature, the configs in ``nas.population.packing_order``."""
+    configs = packing_order(space, configs, population_size)
+    populations = [configs[start:start + population_size] for start in range(0, len(configs), population_size)]
+    last = populations[-1]
+    if len(last) < population_size:  # padded with copies of its first network (items.rung)
+        last.extend(last[:1] * (rung(len(last), population_size) - len(last)))
+    if isinstance(space, rj.nas.NB201Space):
+        signatures = {signature_of(np.stack([c.op_indices() for c in p])) for p in populations}
+    else:
+        signatures = {PackedSubnets.of([block_keys(space, c) for c in p]).signature for p in populations}
+    return len(expand(plan)) * len(signatures)
 
 
 def inputs(space: str | rj.nas.SearchSpace, num_examples: int, calibration_images: int):
@@ -299,7 +311,7 @@ def write_arithmetic(space_name: str, population_size: int, out: Path) -> None:
     printed and written to results/nas_arithmetic_SPACE.BACKEND.json."""
     supernet, dataset, _ = inputs(space_name, PLAN["num_examples"], 1)
     plan, archs = plan_from_dict(PLAN), supernet.space.sample(jax.random.key(0), 8)
-    layouts = ("masks", "sequential", "packed") if isinstance(supernet.space, rj.nas.NB201Space) else ("masks",)
+    layouts = ("masks", "sequential", "packed") if isinstance(supernet.space, rj.nas.NB201Space) else ("masks", "packed")
     measured = {layout: arithmetic(supernet, archs, dataset, plan, layout) for layout in layouts}
     if isinstance(supernet.space, rj.nas.NB201Space):
         measured["programs_for_all_15625_cells"] = {
@@ -308,6 +320,11 @@ def write_arithmetic(space_name: str, population_size: int, out: Path) -> None:
         # packing_order gives every full population one signature where 25 divides the size
         measured["programs_for_all_15625_cells"]["packed, population size 125"] = programs_for_every_cell(
             supernet.space, 125, plan, "packed")
+    else:  # subnets of different shapes have different signatures: about a program per population
+        sample = supernet.space.sample(jax.random.key(1), BIGNAS_SWEEP)
+        measured[f"packed_programs_for_{BIGNAS_SWEEP}_sampled_subnets"] = packed_programs(
+            supernet.space, sample, population_size, plan)
+        measured["populations"] = -(-BIGNAS_SWEEP // population_size)
     print(json.dumps(measured, indent=1))
     facts = machine_facts(())
     path = out / f"nas_arithmetic_{space_name}.{facts['backend']}.json"

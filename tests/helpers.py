@@ -96,3 +96,33 @@ def unchecked_annotations():
         yield
     finally:
         jaxtyping.config.update("jaxtyping_disable", disabled)
+
+
+def gradient_flops_by_layout(supernet, archs, images, labels) -> dict[str, float]:
+    """XLA's cost analysis of a PGD step's input gradient (cross-entropy) for ``archs``:
+    ``own``, summed over each subnet alone at its own shapes, and a population of them,
+    ``packed`` and ``masks``."""
+    from robustjax.losses import cross_entropy
+    from robustjax.nas.population import from_supernet, over_networks
+
+    def flops(classifier, axes=None):
+        def gradients(params, x, y):
+            def one(p):
+                return jax.grad(lambda v: cross_entropy(classifier.replace(params=p)(v), y).sum())(x)
+            return over_networks(one, params, axes)
+        return jax.jit(gradients).lower(classifier.params, images, labels).compile().cost_analysis()["flops"]
+
+    populations = {layout: from_supernet(supernet, archs, packed=layout == "packed") for layout in ("packed", "masks")}
+    return {"own": sum(flops(supernet.subnet(arch)) for arch in archs),
+            **{layout: flops(p.classifier, p.axes) for layout, p in populations.items()}}
+
+
+def assert_same_pgd_outcomes(reference, other, images, labels) -> None:
+    """Two populations of the same networks give identical PGD successes and adversarial
+    examples, and the attack neither always nor never succeeds."""
+    pgd = rj.attacks.PGD(eps=0.1, steps=3)
+    one, two = (p.map(lambda classifier, x, y: pgd(classifier, x, y, key=jax.random.key(0)), images, labels)
+                for p in (reference, other))
+    np.testing.assert_array_equal(np.asarray(two.success), np.asarray(one.success))
+    np.testing.assert_allclose(np.asarray(two.x_adv), np.asarray(one.x_adv), atol=1e-6)
+    assert 0 < np.asarray(one.success).mean() < 1
