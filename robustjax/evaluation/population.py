@@ -104,7 +104,7 @@ def evaluate_population(supernet: Supernet, archs: Sequence[Any], dataset: Image
     check_population_plan(plan)
     if not isinstance(population_size, int) or population_size < 1:
         raise ValueError(f"population_size must be an int >= 1, got {population_size!r}")
-    check_layout(layout, network_shards, space=supernet.space)
+    check_layout(layout, network_shards)
     images = None if calibration is None else calibration_subset(calibration)
     runner = ItemRunner(dataset, plan, DataParallel(plan.batch_size, network_shards=network_shards))
     by_id = {}

@@ -133,10 +133,9 @@ def resolution_buckets(space: build.Space, archs: Sequence[Any]) -> dict[int, li
 LAYOUTS = ("auto", "masks", "sequential", "packed", "exact")
 
 
-def check_layout(layout: str, network_shards: int = 1, allowed: tuple[str, ...] = LAYOUTS,
-                 space: build.Space | None = None) -> None:
+def check_layout(layout: str, network_shards: int = 1, allowed: tuple[str, ...] = LAYOUTS) -> None:
     """Refuses a layout not in ``allowed``; one that runs a network at a time
-    (``"sequential"``, ``"exact"``) or packs a population's networks by op (``"packed"``)
+    (``"sequential"``, ``"exact"``) or packs a population's networks by choice (``"packed"``)
     with networks split over ``network_shards`` > 1."""
     if layout not in allowed:
         raise ValueError(f"layout must be one of {allowed}, got {layout!r}")
@@ -154,13 +153,14 @@ def choose_layout(layout: str, networks: int, space: build.Space | None = None, 
     (the same program's networks one after another, each NB201 edge running only its
     network's op), ``"packed"`` (side by side, each NB201 edge running each op once on the
     examples of the networks that chose it, each BigNAS block at each shape the networks
-    take there, ``nas.packing``; one program per population signature) or ``"exact"`` (each subnet sliced to its own shapes, one program each).
+    take there, ``nas.packing``; one program per population signature) or ``"exact"``
+    (each subnet sliced to its own shapes, one program each).
     ``"auto"`` takes exact shapes only for a lone network, which has no program to share
     (on the 2-core CPU, masks give 6.5x the networks per hour of exact shapes, whose
     compiles dominate), and runs NAS-Bench-201 populations sequentially on the CPU, where
     side by side they compute every op of every edge (``benchmarks/README.md``, ``nas``).
     Networks split over ``network_shards`` > 1 run side by side."""
-    check_layout(layout, network_shards, space=space)
+    check_layout(layout, network_shards)
     if layout != "auto":
         return layout
     if network_shards != 1:

@@ -97,8 +97,7 @@ class Sweep:
     layout: str = "auto"
 
     def __post_init__(self):
-        check_layout(self.layout, self.network_shards, SWEEP_LAYOUTS,
-                     nas.space(self.space) if self.space is not None else None)
+        check_layout(self.layout, self.network_shards, SWEEP_LAYOUTS)
         if self.layout == "packed" and (self.weights is not None or self.models):
             raise ValueError("layout 'packed' runs subnets that share a supernet's weights; standalone networks "
                              "(--weights, --models) have their own (use masks or sequential)")
