@@ -7,10 +7,11 @@ supernets, batch-norm recalibration and supernet training.
     supernet = rj.nas.bundled_supernet("nb201_digits")  # trained on the digits, bundled
     clf = supernet.subnet(11472, calibration=train_images)
     population = rj.nas.from_networks(space, archs, rj.nas.load_folder(space, folder, archs))  # trained cells
+    nets = [rj.nas.trainable.trainable(space, a, key=k) for a, k in ...]  # cells to train as one population
 """
 
 from robustjax.nas import models as _models  # noqa: F401  (registers nas.* in the zoo)
-from robustjax.nas import nb201_packed, population, standalone
+from robustjax.nas import nb201_packed, population, standalone, trainable
 from robustjax.nas.bignas import NAMED_SUBNETS, BigNASConfig, BigNASSpace
 from robustjax.nas.build import build_network, build_supernet, choice
 from robustjax.nas.models import bundled_supernet
@@ -34,4 +35,5 @@ from robustjax.nas.train import TrainSettings, train_supernet
 __all__ = ["BigNASConfig", "BigNASSpace", "Cost", "NAMED_SUBNETS", "NB201Config", "NB201Space", "Population",
            "SearchSpace", "Supernet", "TrainSettings", "build_network", "build_supernet", "bundled_supernet",
            "calibration_subset", "choice", "create", "from_networks", "get", "load_folder", "names", "nb201_packed",
-           "population", "recalibrate", "register_space", "space", "space_doc", "standalone", "train_supernet"]
+           "population", "recalibrate", "register_space", "space", "space_doc", "standalone", "train_supernet",
+           "trainable"]

@@ -32,6 +32,7 @@ from robustjax.data.dataset import batch_indices
 from robustjax.nas import build
 from robustjax.nas.bignas import BigNASSpace
 from robustjax.nas.supernet import Supernet, describe_space
+from robustjax.training.loop import open_checkpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,15 +121,8 @@ def train_supernet(space: build.Space, images: np.ndarray, labels: np.ndarray, o
     optimizer, train_step = _optimizer_and_step(graphdef, settings.learning_rate, settings.steps, settings.distill)
     opt_state = optimizer.init(params)
     meta = json.loads(json.dumps({"space": describe_space(space), "settings": dataclasses.asdict(settings)}))
-    manager = ocp.CheckpointManager(Path(out).resolve() / "checkpoints",
-                                    options=ocp.CheckpointManagerOptions(max_to_keep=2))
-    start = 0
-    if manager.latest_step() is not None:
-        start = manager.latest_step()
-        stored = manager.restore(start, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        if stored != meta:
-            raise ValueError(f"{out}: its checkpoints belong to another run ({stored}); "
-                             f"use another --out, or the same space and settings")
+    manager, start = open_checkpoints(Path(out), meta, "run", "the same space and settings")
+    if start:
         restored = manager.restore(start, args=ocp.args.Composite(
             state=ocp.args.StandardRestore({"params": params, "stats": stats, "opt_state": opt_state})))
         params, stats, opt_state = (restored.state[k] for k in ("params", "stats", "opt_state"))

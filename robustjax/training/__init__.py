@@ -10,14 +10,15 @@ Modules: ``techniques`` (``names``, ``get``, ``create``, and which combine), ``r
 aligned recipe and its optax optimizer), ``augment`` (RobustART's and CIFAR's per-image augmentation), ``mixing``
 (Mixup, CutMix, AugMix), ``model`` (a classifier's training, drop-path and attack modes),
 ``step`` (the jitted step), ``loop`` (batches, sharding, checkpoints,
-metrics log), ``output`` (the trained weights and card ``zoo.create(..., weights=)`` reads).
+metrics log), ``population`` (many networks stepping together in one program), ``output`` (the trained weights and card ``zoo.create(..., weights=)`` reads).
 """
 
 from robustjax.training import techniques
 from robustjax.training.loop import StepReport, TrainResult, batch_indices, train
 from robustjax.training.output import save_trained
+from robustjax.training.population import PopulationResult, train_population
 from robustjax.training.recipe import Recipe, aligned
 from robustjax.training.techniques import Technique, Techniques
 
-__all__ = ["Recipe", "StepReport", "Technique", "Techniques", "TrainResult", "aligned", "batch_indices",
-           "save_trained", "techniques", "train"]
+__all__ = ["PopulationResult", "Recipe", "StepReport", "Technique", "Techniques", "TrainResult", "aligned",
+           "batch_indices", "save_trained", "techniques", "train", "train_population"]

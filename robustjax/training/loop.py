@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -65,6 +66,24 @@ def check_training_data(classifier: Classifier, dataset: ImageDataset, recipe: R
                          f"of {recipe.batch_size}")
 
 
+def open_checkpoints(out: Path, meta: dict, kind: str, same: str) -> tuple[ocp.CheckpointManager, int]:
+    """The checkpoints of ``out/checkpoints`` and the step the latest reached (0: none);
+    checkpoints whose JSON ``meta`` differs, those of another ``kind`` of training, are
+    refused, naming what differs and asking for another folder or ``same``."""
+    manager = ocp.CheckpointManager(Path(out).resolve() / "checkpoints",
+                                    options=ocp.CheckpointManagerOptions(max_to_keep=2))
+    start = manager.latest_step() or 0
+    if start:
+        stored = manager.restore(start, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        if stored != meta:
+            manager.close()
+            differences = [f"{key}: {stored.get(key)!r}, not {meta[key]!r}" for key in meta
+                           if stored.get(key) != meta[key]]
+            raise ValueError(f"{out}: its checkpoints belong to another {kind} "
+                             f"({', '.join(differences) or 'another layout'}); use another folder, or {same}")
+    return manager, start
+
+
 def train(classifier: Classifier, dataset: ImageDataset, out: str | Path, recipe: Recipe = Recipe(),
           techniques: Techniques = Techniques(), *, attack_eps: float | None = None, attack_steps: int | None = None,
           checkpoint_every: int = 100, log_every: int = 10, devices: list | None = None,
@@ -97,31 +116,46 @@ def train(classifier: Classifier, dataset: ImageDataset, out: str | Path, recipe
     meta = json.loads(json.dumps({"model": classifier.name, "dataset": dataset.name, "num_examples": num_examples,
                                   "recipe": dataclasses.asdict(recipe), "techniques": list(techniques.names),
                                   "attack_eps": attack_eps, "attack_steps": attack_steps}))
-    manager = ocp.CheckpointManager(out / "checkpoints", options=ocp.CheckpointManagerOptions(max_to_keep=2))
-    start = manager.latest_step() or 0
+    manager, start = open_checkpoints(out, meta, "run", "the same model, data, recipe and techniques")
     if start:
-        stored = manager.restore(start, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        if stored != meta:
-            manager.close()
-            raise ValueError(f"{out}: its checkpoints belong to another run ({stored}); use another --out, or "
-                             "the same model, data, recipe and techniques")
         restored = manager.restore(start, args=ocp.args.Composite(state=ocp.args.StandardRestore(state)))
         state = jax.device_put(TrainState(*restored.state), replicated)
-    _truncate_log(out / METRICS_FILE, start)
     seed_key = jax.random.key(recipe.seed)
     last = total if stop_after is None else min(total, start + stop_after)
+
+    def advance(step: int) -> dict:
+        nonlocal state
+        x, y = dataset.take(batch_indices(num_examples, recipe.batch_size, recipe.seed, step))
+        state, device_metrics = step_fn(state, jax.device_put(x, batch_sharding), jax.device_put(y, batch_sharding),
+                                        seed_key)
+        return device_metrics
+
+    metrics = run_steps(out, manager, meta, range(start, last), total, schedule, advance,
+                        lambda device_metrics: {k: float(v) for k, v in device_metrics.items()}, lambda: state,
+                        checkpoint_every=checkpoint_every, log_every=log_every, on_step=on_step)
+    trained = model.eval_classifier(jax.device_get(trained_state(model, state)))
+    return TrainResult(trained, last, start, metrics)
+
+
+def run_steps(out: Path, manager: ocp.CheckpointManager, meta: dict, steps: range, total: int,
+              schedule: Callable[[int], Any], advance: Callable[[int], Any], figures: Callable[[Any], dict],
+              checkpoint: Callable[[], Any], *, checkpoint_every: int, log_every: int,
+              on_step: Callable[[StepReport], None] | None) -> dict:
+    """Runs ``advance(step)`` for each of ``steps`` (of ``total``): every ``log_every`` steps
+    appends ``figures`` of its metrics to ``out/metrics.jsonl`` (dropping lines a killed run
+    wrote past ``steps.start``), reports each step to ``on_step``, and saves ``checkpoint()``
+    with ``meta`` every ``checkpoint_every`` steps and at the end. Closes ``manager``; returns
+    the last figures logged or reported."""
+    truncate_log(out / METRICS_FILE, steps.start)
     metrics: dict = {}
     started = time.perf_counter()
     try:
         with (out / METRICS_FILE).open("a") as log:
-            for step in range(start, last):
-                x, y = dataset.take(batch_indices(num_examples, recipe.batch_size, recipe.seed, step))
-                state, device_metrics = step_fn(state, jax.device_put(x, batch_sharding),
-                                                jax.device_put(y, batch_sharding), seed_key)
+            for step in steps:
+                step_metrics = advance(step)
                 done = step + 1
-                if done % log_every == 0 or done == last or on_step is not None:
-                    metrics = {"step": done, **{k: float(v) for k, v in device_metrics.items()},
-                               "learning_rate": float(schedule(step)),
+                if done % log_every == 0 or done == steps.stop or on_step is not None:
+                    metrics = {"step": done, **figures(step_metrics), "learning_rate": float(schedule(step)),
                                "seconds": round(time.perf_counter() - started, 3)}
                     if done % log_every == 0 or done == total:
                         log.write(json.dumps(metrics) + "\n")
@@ -129,16 +163,15 @@ def train(classifier: Classifier, dataset: ImageDataset, out: str | Path, recipe
                     if on_step is not None:
                         on_step(StepReport(done, total, metrics))
                 if done % checkpoint_every == 0 or done == total:
-                    manager.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                    manager.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(checkpoint()),
                                                                meta=ocp.args.JsonSave(meta)))
     finally:
         manager.wait_until_finished()
         manager.close()
-    trained = model.eval_classifier(jax.device_get(trained_state(model, state)))
-    return TrainResult(trained, last, start, metrics)
+    return metrics
 
 
-def _truncate_log(path: Path, step: int) -> None:
+def truncate_log(path: Path, step: int) -> None:
     """Drops the log lines of steps after ``step`` (a killed run logged past its last checkpoint)."""
     if not path.is_file():
         return

@@ -1,0 +1,129 @@
+"""Training populations (issue 39): every network of a population trained in one program ends
+with the weights it gets trained alone (robustjax train's loop, same seed and technique); a
+network that diverges stops alone; a killed population resumes bit for bit; populations that
+cannot train as one are refused before anything compiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import robustjax as rj
+from robustjax import training
+from robustjax.nas.trainable import standalone_network, trainable
+
+SPACE = rj.nas.space("nb201_digits")
+CELLS = ("|nor_conv_3x3~0|+|nor_conv_1x1~0|avg_pool_3x3~1|+|skip_connect~0|none~1|nor_conv_3x3~2|",
+         "|avg_pool_3x3~0|+|skip_connect~0|nor_conv_1x1~1|+|nor_conv_1x1~0|nor_conv_3x3~1|none~2|",
+         "|skip_connect~0|+|none~0|avg_pool_3x3~1|+|nor_conv_3x3~0|skip_connect~1|nor_conv_1x1~2|")
+SEEDS = (3, 11, 7)
+RECIPE = training.Recipe(steps=4, batch_size=16, learning_rate=0.05, warmup_from=0.01, ema_decay=0.9)
+TECHNIQUES = training.techniques.create("pgd_at")
+ATTACK = dict(attack_eps=0.2, attack_steps=2)
+
+
+def _population(seeds=SEEDS, *, broken: int | None = None) -> list[rj.Classifier]:
+    networks = [trainable(SPACE, cell, key=jax.random.key(seed)) for cell, seed in zip(CELLS, seeds)]
+    if broken is not None:  # its classifier's bias infinite: a non-finite loss at the first step
+        params = nnx.to_pure_dict(networks[broken].params)
+        params["supernet"]["classifier"]["bias"] = jnp.full_like(params["supernet"]["classifier"]["bias"], jnp.inf)
+        state = networks[broken].params
+        nnx.replace_by_pure_dict(state, params)
+        networks[broken] = networks[broken].replace(params=state)
+    return networks
+
+
+def _train(out, networks, seeds=SEEDS, **options) -> training.PopulationResult:
+    return training.train_population(networks, rj.data.digits("train"), out, RECIPE, TECHNIQUES, seeds=list(seeds),
+                                     **ATTACK, **options)
+
+
+def _weights(classifier: rj.Classifier) -> dict:
+    return nnx.to_pure_dict(classifier.params)
+
+
+@pytest.fixture(scope="module")
+def solo(tmp_path_factory) -> list[dict]:
+    """Each cell trained alone as `robustjax train` trains it (zoo network, recipe seed)."""
+    out = []
+    for cell, seed in zip(CELLS, SEEDS):
+        clf = rj.zoo.create("nas.nb201_digits", pretrained=False, key=jax.random.key(seed), arch=cell)
+        result = training.train(clf, rj.data.digits("train"), tmp_path_factory.mktemp("solo"),
+                                dataclasses.replace(RECIPE, seed=seed), TECHNIQUES, **ATTACK)
+        out.append(_weights(result.classifier))
+    return out
+
+
+@pytest.fixture(scope="module")
+def population(tmp_path_factory) -> training.PopulationResult:
+    return _train(tmp_path_factory.mktemp("population"), _population())
+
+
+def test_each_network_ends_with_its_solo_weights(solo, population):
+    """Three cells (convolutions, pools, skips, zeros), PGD-AT with EMA: each network's
+    parameters and batch statistics equal its solo run's to 1e-5."""
+    assert population.steps == RECIPE.steps and population.stopped == (None, None, None)
+    for i, (cell, expected) in enumerate(zip(CELLS, solo)):
+        got = _weights(standalone_network(SPACE, cell, population.classifiers[i]))
+        assert jax.tree.structure(got) == jax.tree.structure(expected)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=f"network {i}"),
+                     got, expected)
+    untrained = _weights(standalone_network(SPACE, CELLS[0], _population()[0]))
+    assert not np.allclose(untrained["classifier"]["kernel"], solo[0]["classifier"]["kernel"], atol=1e-3)
+
+
+def test_a_diverging_network_stops_and_the_others_go_on(tmp_path, solo):
+    """Network 1 has a non-finite loss at its first step: it is recorded as stopped after 0
+    steps and keeps its initial weights; networks 0 and 2 equal their solo runs."""
+    networks = _population(broken=1)
+    result = _train(tmp_path, networks)
+    assert result.stopped == (None, 0, None)
+    jax.tree.map(np.testing.assert_array_equal, _weights(result.classifiers[1]), _weights(networks[1]))
+    for i in (0, 2):
+        got = _weights(standalone_network(SPACE, CELLS[i], result.classifiers[i]))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0), got, solo[i])
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["stopped"] == [1] and last["loss"][1] is None and last["loss"][0] is not None
+
+
+def test_a_killed_population_resumes_bit_for_bit(tmp_path, population):
+    """Stopped after 3 of 4 steps (last checkpoint at 2), restarted: the uninterrupted weights,
+    bit for bit; the log holds each step once."""
+    assert _train(tmp_path, _population(), checkpoint_every=2, log_every=1, stop_after=3).steps == 3
+    resumed = _train(tmp_path, _population(), checkpoint_every=2, log_every=1)
+    assert resumed.resumed_from == 2
+    for got, expected in zip(resumed.classifiers, population.classifiers):
+        jax.tree.map(np.testing.assert_array_equal, _weights(got), _weights(expected))
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"belong to another population \(seeds: \[3, 11, 7\], not \[3, 11, 8\]\)"):
+        _train(tmp_path, _population(), seeds=(3, 11, 8))
+
+
+def test_populations_that_cannot_train_as_one_are_refused(tmp_path):
+    networks = _population()
+    digits_cnn = rj.zoo.create("digits_cnn", pretrained=False)
+    with pytest.raises(ValueError, match=r"network 1 \(digits_cnn\) is not of network 0's graph"):
+        _train(tmp_path, [networks[0], digits_cnn], seeds=(0, 1))
+    wider = trainable(rj.nas.space("nb201_digits", channels=16), CELLS[1], key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"network 1 \(.*\) is not of network 0's graph"):
+        _train(tmp_path, [networks[0], wider], seeds=(0, 1))
+    cifar = trainable(rj.nas.space("nb201", channels=4, cells_per_stage=1), CELLS[0], key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"network 1 \(.*\) takes \(32, 32, 3\) images and 10 classes, network 0 "):
+        _train(tmp_path, [networks[0], cifar], seeds=(0, 1))
+    with pytest.raises(ValueError, match=r"network 0 \(.*\): technique 'dropout' needs dropout layers"):
+        training.train_population(networks, rj.data.digits("train"), tmp_path, RECIPE,
+                                  training.techniques.create("dropout"), seeds=list(SEEDS))
+    with pytest.raises(ValueError, match="3 networks but 2 seeds"):
+        _train(tmp_path, networks, seeds=(0, 1))
+    with pytest.raises(ValueError, match=r"network 2 \(.*\): seed must be an int"):
+        _train(tmp_path, networks, seeds=(0, 1, -1))
+    with pytest.raises(TypeError, match="NAS-Bench-201 cells; got the space 'bignas_resnet_basic_digits'"):
+        trainable(rj.nas.space("bignas_resnet_basic_digits"), "smallest", key=jax.random.key(0))
+    assert not (tmp_path / "checkpoints").exists()
