@@ -151,7 +151,6 @@ def test_commands_that_cannot_train_refuse_a_training_plan(tmp_path, capsys):
     for argv, message in [
         (["evaluate", "--model", "digits_mlp", "--plan", plan], "has a [training] table, which trains networks for a "
                                                                  "sweep: run it with `robustjax sweep run --models"),
-        (["sweep", "run", "--db", str(tmp_path / "s.sqlite"), "--plan", plan], "pass them with --models, not a NAS"),
         (["sweep", "run", "--db", str(tmp_path / "s.sqlite"), "--plan", plan, "--models", "digits_mlp",
           "--ray", "auto"], "run it without --ray"),
         (["sweep", "run", "--db", str(tmp_path / "s.sqlite"), "--plan", plan, "--models", "tests.helpers:x"],

@@ -8,17 +8,21 @@
 
 With no flags but ``--db``, 64 random subnets of the bundled NAS-Bench-201 digits supernet
 run under the built-in ``sweep`` plan. A rerun of the same command resumes a killed sweep.
-A plan with a ``[training]`` table trains each of ``--models`` with each of its technique
-sets into ``<db>.trained/`` first, then evaluates the networks of one architecture together.
+A plan with a ``[training]`` table (or ``--train TECHNIQUES``) trains each of ``--models``, or
+each NAS-Bench-201 cell of ``--space``, from scratch with each of its technique sets into
+``<db>.trained/`` first (cells a population at a time), then evaluates the networks of one
+architecture, or the cells, together.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
 import jax
+import numpy as np
 from rich.console import Console
 
 from robustjax import nas
@@ -29,6 +33,7 @@ from robustjax.cli.plan import with_options
 from robustjax.cli.progress import NetworkDisplay
 from robustjax.compile_cache import DEFAULT_COMPILE_CACHE, use_compile_cache
 from robustjax.evaluation import load_plan
+from robustjax.evaluation.plan import Plan, TrainingRun, technique_set
 from robustjax.nas.recalibrate import DEFAULT_IMAGES
 from robustjax.sweep import export, trained
 from robustjax.sweep.analyze import analyze
@@ -43,7 +48,7 @@ DEFAULT_N = 64
 
 
 def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
-    plan = with_options(load_plan(args.plan), args)
+    plan = _with_training(with_options(load_plan(args.plan), args), args.train)
     common = {"plan": plan, "dataset": args.dataset, "split": args.split, "data_dir": args.data_dir,
               "population_size": args.population_size, "calibration_images": args.calibration_images,
               "network_shards": args.network_shards, "layout": args.layout}
@@ -54,6 +59,9 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
         trained_dir = None if plan.training is None else f"{args.db}.trained"
         return Sweep(models=models, trained_dir=trained_dir, **common), list(models)
+    if plan.training is not None and (args.weights or args.supernet):
+        raise ValueError("--train and a plan's [training] table train the cells from scratch; --weights and "
+                         "--supernet give networks already trained")
     space = nas.space(args.space or DEFAULT_SPACE)
     if sum([bool(args.ids), args.all, args.n is not None]) > 1:
         raise ValueError("choose the networks with one of --ids, --n and --all")
@@ -67,7 +75,18 @@ def _sweep_and_archs(args: argparse.Namespace) -> tuple[Sweep, list]:
         archs = sorted(nas.standalone.folder_entries(args.weights))
     else:
         archs = space.sample(jax.random.key(args.seed), DEFAULT_N if args.n is None else args.n)
-    return Sweep(space=space.name, supernet=args.supernet, weights=args.weights, **common), archs
+    trained_dir = None if plan.training is None else f"{args.db}.trained"
+    return Sweep(space=space.name, supernet=args.supernet, weights=args.weights, trained_dir=trained_dir,
+                 **common), archs
+
+
+def _with_training(plan: Plan, techniques: str | None) -> Plan:
+    """``plan`` whose networks train with the one technique set ``techniques`` (``--train``):
+    its ``[training]`` table's recipe with that set, or the aligned recipe."""
+    if techniques is None:
+        return plan
+    run = plan.training or TrainingRun(techniques=())
+    return dataclasses.replace(plan, training=dataclasses.replace(run, techniques=(technique_set("--train", techniques),)))
 
 
 class TrainingProgress:
@@ -90,9 +109,21 @@ class TrainingProgress:
             display.bars.update(self.tasks[arch_id], completed=report.step)
         elif first or report.step % max(1, report.total // 10) == 0 or report.step == report.total:
             verb = "resuming" if first and report.step > 1 else "training"
-            display.console.print(f"{verb} {arch_id}: step {report.step}/{report.total}, loss "
-                                  f"{report.metrics['loss']:.4f}, batch accuracy {report.metrics['accuracy']:.3f} "
+            display.console.print(f"{verb} {arch_id}: step {report.step}/{report.total}, {_figures(report.metrics)} "
                                   f"({time.perf_counter() - self.started[arch_id]:.0f} s)", highlight=False)
+
+
+def _figures(metrics: dict) -> str:
+    """A training step's loss and batch accuracy; a population's (per-network lists, None
+    for a stopped network) as means over the networks still training."""
+    loss, accuracy = metrics["loss"], metrics["accuracy"]
+    if not isinstance(loss, list):
+        return f"loss {loss:.4f}, batch accuracy {accuracy:.3f}"
+    running = [i for i, value in enumerate(loss) if value is not None]
+    if not running:
+        return f"all {len(loss)} networks stopped"
+    return (f"mean loss {np.mean([loss[i] for i in running]):.4f}, batch accuracy "
+            f"{np.mean([accuracy[i] for i in running]):.3f} over {len(running)} of {len(loss)} networks")
 
 
 def cmd_sweep_run(args: argparse.Namespace, console: Console) -> int:
@@ -198,9 +229,10 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", help="run (or resume) a sweep into a SQLite database", description=(
         "Evaluates a plan over many networks into a SQLite database; rerun the same command to resume. The "
         "networks are subnets of a NAS space, or --models. A plan with a [training] table (`robustjax plan show "
-        "techniques`) trains each of --models once per technique set into DB.trained/ (a killed training resumes "
-        "from its checkpoint; a finished one is reused), then evaluates the trained networks of one architecture "
-        "as one population."))
+        "techniques`) or --train trains each of --models, or each NAS-Bench-201 cell of --space, from scratch once "
+        "per technique set into DB.trained/ (cells a population at a time; a killed training resumes from its "
+        "checkpoint; a finished one is reused), then evaluates the trained networks of one architecture, or the "
+        "cells, as populations."))
     run.add_argument("--db", required=True, help="the sweep's SQLite database (made, or resumed)")
     run.add_argument("--space", help=f"NAS search space (default: {DEFAULT_SPACE}; see `robustjax nas list`)")
     run.add_argument("--models", help="comma-separated zoo models or package.module:function, instead of a space; "
@@ -210,8 +242,11 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
     run.add_argument("--all", action="store_true", help="every network of the space")
     run.add_argument("--seed", type=int, default=0, help="seed of the random networks (default: %(default)s)")
     run.add_argument("--plan", default=DEFAULT_PLAN, help="plan file or built-in plan (default: %(default)s); "
-                     "clean, [[attacks]], [corruptions], [sequences], [system_noise] and, with --models, [training] apply")
+                     "clean, [[attacks]], [corruptions], [sequences], [system_noise] and [training] apply")
     add_plan_options(run)
+    run.add_argument("--train", metavar="TECHNIQUES", help="train the networks from scratch first: a technique set, "
+                     "e.g. pgd_at or 'trades,no_ema' (`robustjax train --help` lists them); the plan's [training] "
+                     "table gives the recipe if it has one, RobustART's aligned recipe otherwise")
     run.add_argument("--supernet", help="folder from `nas train` (default: the space's bundled supernet)")
     run.add_argument("--weights", help="folder of the space's standalone trained networks, one per NAS-Bench-201 "
                      "index ({index}.pth xautodl state dicts or `zoo convert` folders {index}/): sweeps them, every "

@@ -585,7 +585,7 @@ def _natural_shift_run(raw) -> NaturalShiftRun:
     return NaturalShiftRun(tuple(datasets), tuple(ood), data_dir, names, severities, num_examples, image_size)
 
 
-def _technique_set(where: str, spec):
+def technique_set(where: str, spec):
     """A ``techniques`` entry: names as a comma-separated string or a list; "" or "baseline"
     is the aligned baseline."""
     from robustjax import training
@@ -634,7 +634,7 @@ def _training_run(raw) -> TrainingRun:
                          f'"fast_at", "pgd_at,no_ema"], got {sets!r}')
     techniques: list = []
     for i, spec in enumerate(sets):
-        parsed = _technique_set(f"training.techniques[{i}]", spec)
+        parsed = technique_set(f"training.techniques[{i}]", spec)
         if parsed in techniques:
             raise ValueError(f"plan: training.techniques[{i}] ({spec!r}) repeats the technique set {str(parsed)!r}")
         techniques.append(parsed)

@@ -2,7 +2,8 @@
 
 A :class:`Sweep` names what results depend on: the plan, the dataset, and where the
 networks come from (subnets of a NAS space's supernet, zoo / user models, or zoo models
-trained with each technique set of the plan's ``[training]`` table, ``sweep.trained``). Its
+trained with each technique set of the plan's ``[training]`` table, ``sweep.trained``, or a
+NAS-Bench-201 space's cells trained from scratch with it, ``sweep.trained_cells``). Its
 :class:`Context` (one per process) loads those once and evaluates a chunk of networks: a
 population of subnets or of trained networks of one architecture (one compiled program per
 item) or one model, item by item, giving result rows for the store. An item that fails on a
@@ -56,7 +57,7 @@ from robustjax.nas.population import (
     from_supernet,
 )
 from robustjax.nas.recalibrate import DEFAULT_IMAGES, calibration_subset
-from robustjax.sweep import trained
+from robustjax.sweep import trained, trained_cells
 from robustjax.sweep.store import Store, pack
 from robustjax.training import StepReport
 from robustjax.training.dataset import training_dataset
@@ -78,7 +79,9 @@ class Sweep:
     ``nas.standalone.load_folder``; their own batch-norm statistics), or over
     ``models`` (zoo names or ``package.module:function``), one network each. A plan with a
     ``[training]`` table makes the networks the zoo ``models`` trained with each of its
-    technique sets, into folders under ``trained_dir``. ``layout``: how a population of
+    technique sets, into folders under ``trained_dir``; over a NAS-Bench-201 ``space`` it
+    makes the networks the space's cells trained from scratch with each technique set, a
+    population at a time. ``layout``: how a population of
     subnets runs, ``"auto"``, ``"masks"``, ``"sequential"`` or ``"packed"``
     (``nas.population.choose_layout``; a lone network runs at its own shapes)."""
 
@@ -98,9 +101,9 @@ class Sweep:
 
     def __post_init__(self):
         check_layout(self.layout, self.network_shards, SWEEP_LAYOUTS)
-        if self.layout == "packed" and (self.weights is not None or self.models):
+        if self.layout == "packed" and (self.weights is not None or self.models or self.training):
             raise ValueError("layout 'packed' runs subnets that share a supernet's weights; standalone networks "
-                             "(--weights, --models) have their own (use masks or sequential)")
+                             "(--weights, --models, trained ones) have their own (use masks or sequential)")
         if (self.space is None) == (not self.models):
             raise ValueError("a sweep runs over a NAS space (--space) or a list of models (--models), one of the two")
         if isinstance(self.population_size, bool) or not isinstance(self.population_size, int) \
@@ -108,18 +111,23 @@ class Sweep:
             raise ValueError(f"population_size must be an integer >= 1, got {self.population_size!r}")
         if self.models and self.network_shards != 1:
             raise ValueError("--network-shards splits a population of subnets; a model sweep runs one model at a time")
-        if self.plan.training is not None and not self.models:
-            raise ValueError("a plan with a [training] table trains zoo models: pass them with --models, not a NAS "
-                             "space")
+        if self.training and (self.weights is not None or self.supernet is not None):
+            raise ValueError("a plan with a [training] table trains a space's cells from scratch: --weights and "
+                             "--supernet give networks already trained")
         if self.weights is not None and (self.space is None or self.supernet is not None):
             raise ValueError("--weights DIR sweeps a NAS space's standalone networks: pass it with --space, without "
                              "--supernet")
-        if self.plan.training is not None and self.trained_dir is None:
+        if self.training and self.trained_dir is None:
             raise ValueError("a sweep with a [training] table needs trained_dir, the folder its networks train into")
 
     @property
     def training(self) -> bool:
         return self.plan.training is not None
+
+    @property
+    def trains_cells(self) -> bool:
+        """Whether its networks are a NAS-Bench-201 space's cells trained from scratch."""
+        return self.training and self.space is not None
 
 
 def _digest(arrays: Sequence[np.ndarray]) -> str:
@@ -144,6 +152,10 @@ class Context:
         if sweep.space is not None and sweep.weights is not None:
             self.space = nas.space(sweep.space)
             self.folder_entries = nas.standalone.folder_entries(sweep.weights)
+        elif sweep.trains_cells:
+            self.space = nas.space(sweep.space)
+            self.cell_trainings = {t.arch_id: t for t in trained_cells.grid(self.space, sweep.plan.training,
+                                                                           sweep.dataset)}
         elif sweep.space is not None:
             space = nas.space(sweep.space)
             if sweep.supernet is not None:
@@ -156,7 +168,7 @@ class Context:
             self.space = self.supernet.space
             train = data.load(sweep.dataset, "train", data_dir=sweep.data_dir)
             self.calibration = calibration_subset(train, sweep.calibration_images)
-        if sweep.training:
+        if sweep.training and sweep.models:
             self.trained_networks = {n.arch_id: n for n in trained.grid(sweep.models, sweep.plan.training, sweep.dataset)}
 
     @functools.cached_property
@@ -185,13 +197,21 @@ class Context:
         return training_dataset(spec, split, data_dir=self.sweep.data_dir)
 
     def folder(self, arch_id: str) -> Path:
-        """Where trained network ``arch_id`` trains and is kept."""
+        """Where trained network ``arch_id`` is kept (a zoo model's also trains there; a
+        cell's population trains in its parent, ``trained_cells``)."""
+        if self.sweep.trains_cells:
+            cells, config = self.cell(arch_id)
+            return Path(self.sweep.trained_dir, cells.arch_id, str(config.index))
         return Path(self.sweep.trained_dir, arch_id)
 
     def train(self, arch_ids: Sequence[str], on_step: Callable[[str, StepReport], None] | None = None) -> None:
         """Trains those of the trained networks ``arch_ids`` that have not finished (none in
-        a sweep without ``[training]``); ``on_step`` receives each one's steps."""
+        a sweep without ``[training]``); ``on_step`` receives each one's steps (a population
+        of cells reports as its first network)."""
         if not self.sweep.training:
+            return
+        if self.sweep.trains_cells:
+            self._train_cells(arch_ids, on_step)
             return
         for arch_id in arch_ids:
             if trained.is_trained(self.folder(arch_id)):
@@ -201,6 +221,24 @@ class Context:
                           checkpoint_every=self.sweep.plan.training.checkpoint_every,
                           on_step=None if on_step is None else functools.partial(on_step, arch_id))
 
+    def cell(self, arch_id: str) -> tuple[trained.TrainedNetwork, nas.nb201.NB201Config]:
+        """Trained cell ``arch_id``'s training and cell."""
+        config, key = arch_id.split("/", 1)
+        return self.cell_trainings[key], self.space.resolve(config)
+
+    def _train_cells(self, arch_ids: Sequence[str], on_step: Callable[[str, StepReport], None] | None) -> None:
+        """The cells of ``arch_ids`` not trained yet, one population per technique set."""
+        untrained: dict[str, list] = collections.defaultdict(list)
+        for arch_id in arch_ids:
+            if not trained.is_trained(self.folder(arch_id)):
+                untrained[arch_id.split("/", 1)[1]].append(arch_id)
+        for key, ids in untrained.items():
+            cells = self.cell_trainings[key]
+            trained_cells.train(cells, self.space, [self.cell(a)[1] for a in ids], Path(self.sweep.trained_dir, key),
+                                self.training_data(cells.dataset, cells.split),
+                                checkpoint_every=self.sweep.plan.training.checkpoint_every,
+                                on_step=None if on_step is None else functools.partial(on_step, ids[0]))
+
     def definition(self) -> dict:
         """What the results depend on; a store holds one definition."""
         sweep = self.sweep
@@ -209,6 +247,10 @@ class Context:
             networks = {"space": nas.supernet.describe_space(self.space), "standalone": hashlib.sha256(json.dumps(
                 [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in self.folder_entries.values()]).encode()
             ).hexdigest()[:16]}
+        elif sweep.trains_cells:
+            networks = {"space": nas.supernet.describe_space(self.space),
+                        "trained": "cells trained from scratch, one network per technique set; ids hash the training "
+                                   "settings"}
         elif sweep.space is not None:
             networks = {"space": nas.supernet.describe_space(self.supernet.space),
                         "weights": _digest(jax.tree.leaves(self.supernet.state)),
@@ -225,13 +267,17 @@ class Context:
         """``(arch_id, bucket, card)`` of each network: its id, the shape bucket that decides
         which networks share a compiled program, and its card (config, params, FLOPs). A
         sweep of models, or of trained networks, takes its own networks and ignores ``archs``."""
-        if self.sweep.training:
+        if self.sweep.training and self.sweep.models:
             return [(arch_id, n.name, trained.card(n)) for arch_id, n in self.trained_networks.items()]
         if self.sweep.space is None:
             return [(spec, spec, self.model_card(spec)) for spec in self.sweep.models]
         configs = [self.space.resolve(arch) for arch in archs]
         if self.sweep.weights is not None:
             nas.standalone.check_present(self.sweep.weights, self.folder_entries, configs)
+        if self.sweep.training:  # a bucket per technique set: its cells train as one population
+            return [(trained_cells.cell_id(cells, c), cells.arch_id, nas.models.network_card(self.space, c)
+                     | {"techniques": str(cells.techniques), "training": cells.settings})
+                    for cells in self.cell_trainings.values() for c in configs]
         return [(c.arch_id, str(nas.build.resolution(self.space, c)), nas.models.network_card(self.space, c))
                 for c in configs]
 
@@ -251,7 +297,7 @@ class Context:
         (``nas.population.choose_layout``). Trained networks of one architecture stack
         likewise, read from their folders."""
         size = rung(len(arch_ids), pad_to, self.sweep.network_shards)
-        if self.sweep.training:
+        if self.sweep.training and self.sweep.models:
             networks = [trained.load(self.trained_networks[a], self.folder(a)) for a in arch_ids]
             return Population.stack(networks + networks[:1] * (size - len(networks)))
         if self.sweep.space is None:  # the network's id is the spec the user typed, whatever its name
@@ -259,26 +305,38 @@ class Context:
             return Population.stack([self.model(spec).replace(name=spec)])
         padded = list(arch_ids) + [arch_ids[0]] * (size - len(arch_ids))
         layout = choose_layout(self.sweep.layout, pad_to, self.space, self.sweep.network_shards)
-        if self.sweep.weights is not None:  # each file read once; the padding repeats the first network
+        if self.sweep.weights is not None or self.sweep.training:  # each file read once; the padding repeats
             weights = self.standalone_weights(arch_ids)
-            return nas.standalone.from_networks(self.space, padded, weights + weights[:1] * (size - len(weights)),
-                                                sequential=layout == "sequential")
+            population = nas.standalone.from_networks(self.space, [self.space.resolve(a.split("/")[0]) for a in padded],
+                                                      weights + weights[:1] * (size - len(weights)),
+                                                      sequential=layout == "sequential")
+            return dataclasses.replace(population, arch_ids=tuple(padded))
         if layout == "exact":
             return exact_subnet(self.supernet, arch_ids[0], calibration=self.calibration)
         return from_supernet(self.supernet, padded, calibration=self.calibration, sequential=layout == "sequential",
                              packed=layout == "packed")
 
     def evaluate(self, arch_ids: Sequence[str], missing: dict[str, list[str]], *, pad_to: int, worker: str,
-                 on_train: Callable[[str, StepReport], None] | None = None) -> Iterator[list[dict]]:
+                 on_train: Callable[[str, StepReport], None] | None = None,
+                 on_trained: Callable[[str, dict], None] | None = None) -> Iterator[list[dict]]:
         """Rows of every (network, item) in ``missing`` (item key -> arch ids), item by item,
         once the trained networks among ``arch_ids`` have trained (``on_train`` receives
-        their steps; a training that fails stops the sweep, and a rerun resumes it). A
-        network that lacks the ``report`` item comes first, alone, with the rows of the items
-        its evaluation recorded; the population runs only the (network, item) pairs left."""
+        their steps; a training that fails stops the sweep, and a rerun resumes it; a trained
+        cell's training figures go to ``on_trained``, and a cell whose training diverged
+        fails its items). A network that lacks the ``report`` item comes first, alone, with
+        the rows of the items its evaluation recorded; the population runs only the
+        (network, item) pairs left."""
         wanted = {key: list(ids) for key, ids in missing.items() if ids}
         if not wanted:
             return
         self.train(arch_ids, on_train)
+        if self.sweep.trains_cells:
+            diverged = {a: rows for a in arch_ids if (rows := self._diverged_rows(a, wanted, worker, on_trained))}
+            yield from diverged.values()
+            arch_ids = [a for a in arch_ids if a not in diverged]
+            wanted = {key: ids for key, ids in wanted.items() if ids}
+            if not wanted:
+                return
         if report_key := self.report_key(wanted):
             for arch_id in wanted.pop(report_key):
                 yield self._report_rows(report_key, arch_id, wanted, worker)
@@ -301,6 +359,23 @@ class Context:
                 clean = outcome[:, 0]
             yield rows
 
+    def _diverged_rows(self, arch_id: str, wanted: dict[str, list[str]], worker: str,
+                       on_trained: Callable[[str, dict], None] | None) -> list[dict]:
+        """Trained cell ``arch_id``'s figures to ``on_trained``; if its training diverged, the
+        failed rows of its ``wanted`` items, which leave ``wanted``."""
+        summary = trained_cells.summary(self.folder(arch_id))
+        if on_trained is not None:
+            on_trained(arch_id, summary)
+        if summary["diverged_at"] is None:
+            return []
+        error = FloatingPointError(f"its training stopped at step {summary['diverged_at'] + 1}: the loss or the "
+                                   "weights went non-finite")
+        rows = [self._failed(arch_id, key, error, worker, 0.0) for key, ids in wanted.items() if arch_id in ids]
+        for ids in wanted.values():
+            if arch_id in ids:
+                ids.remove(arch_id)
+        return rows
+
     def report_key(self, missing: dict[str, list[str]]) -> str | None:
         """The key of the plan's ``report`` item when some network of ``missing`` lacks it."""
         return next((key for key, ids in missing.items() if ids and self.by_key[key].kind == REPORT), None)
@@ -316,15 +391,20 @@ class Context:
         """Network ``arch_id`` as a classifier of its own; a supernet's subnet at its own
         shapes, so that the metrics count its own neurons (a masked subnet would count the
         supernet's)."""
-        if self.sweep.weights is not None:
-            return nas.standalone.network(self.space, arch_id, *self.standalone_weights([arch_id]))
+        if self.sweep.weights is not None or self.sweep.trains_cells:
+            network = nas.standalone.network(self.space, arch_id.split("/")[0], *self.standalone_weights([arch_id]))
+            return network.replace(name=arch_id)
         if self.sweep.space is not None:
             return exact_subnet(self.supernet, arch_id, calibration=self.calibration).member(0)
         return self.population([arch_id], 1).member(0)
 
     def standalone_weights(self, arch_ids: Sequence[str]) -> list[dict]:
-        """The weights of standalone networks ``arch_ids``, read from the sweep's folder."""
-        return nas.standalone.load_folder(self.space, self.sweep.weights, arch_ids)
+        """The weights of standalone networks ``arch_ids``, read from the sweep's folder (a
+        trained cell's from its technique set's)."""
+        if not self.sweep.training:
+            return nas.standalone.load_folder(self.space, self.sweep.weights, arch_ids)
+        return [nas.standalone.load_folder(self.space, self.folder(a).parent, [self.cell(a)[1]])[0]
+                for a in arch_ids]
 
     @functools.cached_property
     def reference(self) -> Classifier | None:
@@ -461,7 +541,7 @@ def run_local(sweep: Sweep, store: Store, selection: Sequence[str], *, worker: s
             units = ctx.units(missing)
             try:
                 for done, rows in enumerate(ctx.evaluate(chunk, missing, pad_to=size_of(chunk[0]), worker=worker,
-                                                         on_train=on_train), start=1):
+                                                         on_train=on_train, on_trained=store.annotate), start=1):
                     store.commit(rows)
                     if on_item is not None:
                         on_item(chunk, min(1.0, done / units))

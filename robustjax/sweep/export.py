@@ -38,10 +38,15 @@ FORMATS = ("csv", "jsonl", "parquet")
 BIGNAS_DIMENSIONS = {"widths": "width", "depths": "depth", "kernels": "kernel", "expand_ratios": "expand"}
 
 
+# A trained cell's training, as its card records it once trained (``trained_cells.summary``).
+TRAINING_COLUMNS = ("train_steps", "train_loss", "train_accuracy", "diverged_at")
+
+
 def config_columns(card: dict) -> dict:
     """The search-dimension columns of a network card."""
-    if "ops" in card:
-        return {f"edge_{node}<-{source}": op for (node, source), op in zip(EDGES, card["ops"])}
+    if "ops" in card:  # a trained cell's also its techniques
+        return ({f"edge_{node}<-{source}": op for (node, source), op in zip(EDGES, card["ops"])}
+                | ({"techniques": card["techniques"]} if "techniques" in card else {}))
     if "config" in card:
         columns = {"resolution": card["config"]["resolution"]}
         for field, name in BIGNAS_DIMENSIONS.items():
@@ -95,6 +100,7 @@ def table(store: Store) -> Table:
         rows.append({"arch_id": arch_id, **{k: card[k] for k in ("index", "canonical_index", "arch_string")
                                              if k in card},
                      **dims, "params": card.get("params"), "macs": card.get("macs"), "flops": card.get("flops"),
+                     **{k: card.get(k) for k in TRAINING_COLUMNS if "ops" in card and "techniques" in card},
                      **figures, "errors": errors})
     figure_names = [*(label for label in labels if label not in values),
                     *(k for k in (rows[0] if rows else {}) if k.startswith("worst "))]
@@ -113,6 +119,8 @@ def describe(store: Store) -> str:
         kind = space.pop("kind")
         settings = ", ".join(f"{key}={value}" for key, value in space.items() if not isinstance(value, dict | list))
         origin = "standalone networks" if "standalone" in networks else "subnets of its supernet"
+        if "trained" in networks:
+            origin = "its cells trained from scratch by the plan's [training] table"
         swept = f"NAS space {kind} ({settings}), {origin}"
     elif "models" in networks:
         swept = f"models {', '.join(networks['models'])}"

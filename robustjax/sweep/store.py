@@ -197,6 +197,12 @@ class Store:
             db.executemany("INSERT OR IGNORE INTO networks VALUES (?, ?, ?, ?)",
                            [(a, start + i, b, json.dumps(c)) for i, (a, b, c) in enumerate(networks)])
 
+    def annotate(self, arch_id: str, fields: dict) -> None:
+        """Adds ``fields`` to network ``arch_id``'s card (a trained cell's training figures)."""
+        with self._transaction() as db:
+            (card,) = db.execute("SELECT card FROM networks WHERE arch_id = ?", (arch_id,)).fetchone()
+            db.execute("UPDATE networks SET card = ? WHERE arch_id = ?", (json.dumps(json.loads(card) | fields), arch_id))
+
     def set_items(self, items: Iterable[tuple[str, str, dict, tuple[str, ...]]]) -> None:
         """Records the plan's ``(item_key, kind, settings, labels)`` (fixed by the definition)."""
         with self._transaction() as db:

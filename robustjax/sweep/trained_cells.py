@@ -1,0 +1,102 @@
+"""A sweep's NAS-Bench-201 cells trained from scratch: a space sweep whose plan has a
+``[training]`` table (or ``robustjax sweep run --space nb201 --train pgd_at``).
+
+Each technique set of the table is a :class:`~robustjax.sweep.trained.TrainedNetwork` of the
+zoo's ``nas.SPACE``; the cells of a sweep's chunk train with it as one population
+(:func:`robustjax.training.train_population`, every network from the init and batch order
+``robustjax train`` gives it with the recipe's seed), then each trained cell is written at
+its own shapes as a ``robustjax zoo convert`` folder, so the folder of a technique set is a
+folder of standalone networks (``nas.standalone.load_folder``)::
+
+    <trained_dir>/nas.SPACE/<techniques>/<hash>/populations/<hash of the cells>/  # checkpoints to resume
+    <trained_dir>/nas.SPACE/<techniques>/<hash>/<index>/{weights/, card.json}      # a finished cell
+
+The hash covers everything the weights depend on (techniques, recipe, attack, data), so
+another recipe is another set of networks. A cell's id is
+``<arch_id>/nas.SPACE/<techniques>/<hash>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from robustjax import training
+from robustjax.checks import read_json_object
+from robustjax.classifier import Classifier
+from robustjax.data.dataset import ImageDataset
+from robustjax.evaluation.plan import TrainingRun
+from robustjax.nas.nb201 import NB201Config, NB201Space
+from robustjax.nas.trainable import standalone_network, trainable
+from robustjax.sweep import trained
+from robustjax.sweep.trained import CARD, TrainedNetwork
+
+
+def grid(space: Any, run: TrainingRun, dataset: str) -> list[TrainedNetwork]:
+    """The space's network (``nas.SPACE``) trained with each technique set of ``run``
+    (``trained.grid``); a space that is not NAS-Bench-201's is refused here."""
+    if not isinstance(space, NB201Space):
+        raise ValueError(f"a sweep with a [training] table trains NAS-Bench-201 cells or zoo models; {space.name} is "
+                         "not a NAS-Bench-201 space (train BigNAS subnets as zoo models: --models nas.SPACE)")
+    return trained.grid([f"nas.{space.name}"], run, dataset)
+
+
+def cell_id(cells: TrainedNetwork, config: NB201Config) -> str:
+    """The sweep id of cell ``config`` trained as ``cells``: ``<arch_id>/<cells' id>``."""
+    return f"{config.arch_id}/{cells.arch_id}"
+
+
+def train(cells: TrainedNetwork, space: NB201Space, configs: Sequence[NB201Config], folder: Path, data: ImageDataset,
+          *, checkpoint_every: int, on_step: Callable[[training.StepReport], None] | None = None) -> None:
+    """Trains the cells ``configs`` as one population into ``folder`` (their technique set's),
+    resuming the population's checkpoints when a run of the same cells was killed; then
+    writes each cell's folder, card last, and removes the population's checkpoints."""
+    recipe = cells.recipe
+    networks = [trainable(space, config, key=jax.random.key(recipe.seed)) for config in configs]
+    population = folder / "populations" / hashlib.sha256(
+        json.dumps([c.index for c in configs]).encode()).hexdigest()[:12]
+    try:
+        result = training.train_population(networks, data, population, recipe, cells.techniques,
+                                           seeds=[recipe.seed] * len(configs), attack_eps=cells.attack_eps,
+                                           attack_steps=cells.attack_steps, checkpoint_every=checkpoint_every,
+                                           on_step=on_step)
+    except ValueError as error:
+        raise ValueError(f"training {cells.arch_id} cells: {error}") from error
+    for i, config in enumerate(configs):
+        network = standalone_network(space, config, result.classifiers[i])
+        figures = {name: values[i] if isinstance(values, list) else values
+                   for name, values in result.last_metrics.items() if name != "stopped"}
+        training.save_trained(folder / str(config.index), _Trained(network, result.steps, figures), model=cells.model,
+                              recipe=recipe, techniques=cells.techniques, dataset=data.name,
+                              build_kwargs={"arch": config.index},
+                              extra={"split": cells.split, "attack_eps": cells.attack_eps,
+                                     "attack_steps": cells.attack_steps, "network_id": cell_id(cells, config),
+                                     "stopped_at": result.stopped[i]})
+    shutil.rmtree(population)
+    with contextlib.suppress(OSError):  # other populations may still train there
+        population.parent.rmdir()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trained:  # what training.save_trained reads of a training's result
+    classifier: Classifier
+    steps: int
+    last_metrics: dict
+
+
+def summary(folder: Path) -> dict:
+    """A trained cell's training in export columns: steps, last loss and accuracy, and the
+    step its loss went non-finite (None: it did not)."""
+    record = read_json_object(folder / CARD, required=("training",))["training"]
+    last = record.get("final_metrics") or {}
+    return {"train_steps": record["steps"], "train_loss": last.get("loss"), "train_accuracy": last.get("accuracy"),
+            "diverged_at": record.get("stopped_at")}
+
