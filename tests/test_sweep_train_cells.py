@@ -86,10 +86,10 @@ def test_a_killed_cell_population_resumes_to_the_uninterrupted_weights(swept, tm
     assert f"resuming {first}: step 3/4" in printed
     recipe = aligned("nas_nb201", rj.training.techniques.create("pgd_at"), steps=4, batch_size=16,
                      learning_rate=0.05)
-    whole = rj.training.train_population([trainable(SPACE, c, key=jax.random.key(0)) for c in CELLS],
+    whole = rj.training.train_population([trainable(SPACE, c, key=jax.random.key(0), sequential=True) for c in CELLS],
                                          rj.data.digits("train"), tmp_path, recipe,
                                          rj.training.techniques.create("pgd_at"), seeds=[0, 0], attack_eps=0.2,
-                                         attack_steps=1)
+                                         attack_steps=1, sequential=True)  # the layout "auto" takes on the CPU
     (folder,) = {p.parent.parent for p in (tmp / "s.sqlite.trained").rglob("card.json")}
     assert not (folder / "populations").exists()  # a finished population's checkpoints are gone
     for cell, network in zip(CELLS, whole.classifiers):

@@ -28,8 +28,9 @@ TECHNIQUES = training.techniques.create("pgd_at")
 ATTACK = dict(attack_eps=0.2, attack_steps=2)
 
 
-def _population(seeds=SEEDS, *, broken: int | None = None) -> list[rj.Classifier]:
-    networks = [trainable(SPACE, cell, key=jax.random.key(seed)) for cell, seed in zip(CELLS, seeds)]
+def _population(seeds=SEEDS, *, broken: int | None = None, sequential: bool = False) -> list[rj.Classifier]:
+    networks = [trainable(SPACE, cell, key=jax.random.key(seed), sequential=sequential)
+                for cell, seed in zip(CELLS, seeds)]
     if broken is not None:  # its classifier's bias infinite: a non-finite loss at the first step
         params = nnx.to_pure_dict(networks[broken].params)
         params["supernet"]["classifier"]["bias"] = jnp.full_like(params["supernet"]["classifier"]["bias"], jnp.inf)
@@ -76,6 +77,16 @@ def test_each_network_ends_with_its_solo_weights(solo, population):
                      got, expected)
     untrained = _weights(standalone_network(SPACE, CELLS[0], _population()[0]))
     assert not np.allclose(untrained["classifier"]["kernel"], solo[0]["classifier"]["kernel"], atol=1e-3)
+
+
+def test_one_after_another_each_cell_ends_with_its_solo_weights(tmp_path, solo):
+    """The sequential layout (the networks in turn, each edge switching to its op, so each
+    cell computes only its own ops): the solo weights to 1e-5 as well."""
+    result = _train(tmp_path, _population(sequential=True), sequential=True)
+    for i, (cell, expected) in enumerate(zip(CELLS, solo)):
+        got = _weights(standalone_network(SPACE, cell, result.classifiers[i]))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=f"network {i}"),
+                     got, expected)
 
 
 def test_a_diverging_network_stops_and_the_others_go_on(tmp_path, solo):

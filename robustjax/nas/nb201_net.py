@@ -62,8 +62,9 @@ class SuperCell(nnx.Module):
     cell:
 
     - (6,) integer op indices (:func:`op_indices`): the edge runs that op alone
-      (``lax.switch``), so a network computes only its own ops; for inference, run one
-      network at a time (under ``vmap`` over networks a switch computes every op);
+      (``nnx.switch``), so a network computes only its own ops, and the op's batch norm
+      may update its statistics (training); run one network at a time (under ``vmap`` over
+      networks a switch computes every op);
     - (6, 5) one-hot op weights (:func:`op_weights`): every op runs and the chosen one is
       selected, not multiplied in, so no inf or NaN of an op the network does not use
       reaches the sum (0 * inf = NaN); batch norm may update its statistics (training,
@@ -81,8 +82,10 @@ class SuperCell(nnx.Module):
             if isinstance(ops, PackedChoice):
                 return self._packed(edge, ops.indices[edge], ops.signature[edge], source)
             if jnp.issubdtype(ops.dtype, jnp.integer):
-                branches = (jnp.zeros_like, lambda s: s, self.conv1x1[edge], self.conv3x3[edge], avg_pool_3x3)
-                return jax.lax.switch(ops[edge], branches, source)  # in OPS order
+                layers = (self.conv1x1[edge], self.conv3x3[edge])
+                if layers[0].bn.use_running_average:  # inference: no state changes, a plain switch
+                    return jax.lax.switch(ops[edge], (jnp.zeros_like, lambda s: s, *layers, avg_pool_3x3), source)
+                return nnx.switch(ops[edge], _SWITCHED, *layers, source)  # the chosen op's batch norm updates
             w = ops[edge]  # in OPS order; "none" contributes nothing
             outputs = (source, self.conv1x1[edge](source), self.conv3x3[edge](source), avg_pool_3x3(source))
             return sum(jnp.where(w[op] != 0, w[op] * out, 0) for op, out in enumerate(outputs, start=1))
@@ -95,6 +98,12 @@ class SuperCell(nnx.Module):
         kernels = tuple(layer.conv.kernel[...] for layer in layers)
         norms = tuple((n.scale[...], n.bias[...], n.mean[...], n.var[...]) for n in (layer.bn for layer in layers))
         return packed_edge(counts)(source, op, kernels, norms)
+
+
+# An edge's ops in OPS order, as nnx.switch branches of (its 1x1 layer, its 3x3 layer, input).
+_SWITCHED = (lambda conv1x1, conv3x3, x: jnp.zeros_like(x), lambda conv1x1, conv3x3, x: x,
+             lambda conv1x1, conv3x3, x: conv1x1(x), lambda conv1x1, conv3x3, x: conv3x3(x),
+             lambda conv1x1, conv3x3, x: avg_pool_3x3(x))
 
 
 def _cell_forward(x: jax.Array, edge_output: Callable, ops: tuple) -> jax.Array:

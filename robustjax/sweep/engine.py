@@ -227,7 +227,8 @@ class Context:
         return self.cell_trainings[key], self.space.resolve(config)
 
     def _train_cells(self, arch_ids: Sequence[str], on_step: Callable[[str, StepReport], None] | None) -> None:
-        """The cells of ``arch_ids`` not trained yet, one population per technique set."""
+        """The cells of ``arch_ids`` not trained yet, one population per technique set, in
+        the sweep's layout (a lone cell computes its own ops one way or the other)."""
         untrained: dict[str, list] = collections.defaultdict(list)
         for arch_id in arch_ids:
             if not trained.is_trained(self.folder(arch_id)):
@@ -237,6 +238,7 @@ class Context:
             trained_cells.train(cells, self.space, [self.cell(a)[1] for a in ids], Path(self.sweep.trained_dir, key),
                                 self.training_data(cells.dataset, cells.split),
                                 checkpoint_every=self.sweep.plan.training.checkpoint_every,
+                                sequential=choose_layout(self.sweep.layout, len(ids), self.space) != "masks",
                                 on_step=None if on_step is None else functools.partial(on_step, ids[0]))
 
     def definition(self) -> dict:

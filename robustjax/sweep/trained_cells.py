@@ -55,19 +55,22 @@ def cell_id(cells: TrainedNetwork, config: NB201Config) -> str:
 
 
 def train(cells: TrainedNetwork, space: NB201Space, configs: Sequence[NB201Config], folder: Path, data: ImageDataset,
-          *, checkpoint_every: int, on_step: Callable[[training.StepReport], None] | None = None) -> None:
+          *, checkpoint_every: int, sequential: bool, on_step: Callable[[training.StepReport], None] | None = None
+          ) -> None:
     """Trains the cells ``configs`` as one population into ``folder`` (their technique set's),
+    side by side or one after another (``sequential``, each computing only its own ops),
     resuming the population's checkpoints when a run of the same cells was killed; then
     writes each cell's folder, card last, and removes the population's checkpoints."""
     recipe = cells.recipe
-    networks = [trainable(space, config, key=jax.random.key(recipe.seed)) for config in configs]
+    networks = [trainable(space, config, key=jax.random.key(recipe.seed), sequential=sequential)
+                for config in configs]
     population = folder / "populations" / hashlib.sha256(
         json.dumps([c.index for c in configs]).encode()).hexdigest()[:12]
     try:
         result = training.train_population(networks, data, population, recipe, cells.techniques,
                                            seeds=[recipe.seed] * len(configs), attack_eps=cells.attack_eps,
                                            attack_steps=cells.attack_steps, checkpoint_every=checkpoint_every,
-                                           on_step=on_step)
+                                           on_step=on_step, sequential=sequential)
     except ValueError as error:
         raise ValueError(f"training {cells.arch_id} cells: {error}") from error
     for i, config in enumerate(configs):

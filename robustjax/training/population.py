@@ -49,13 +49,16 @@ def train_population(classifiers: Sequence[Classifier], dataset: ImageDataset, o
                      recipe: Recipe = Recipe(), techniques: Techniques = Techniques(), *, seeds: Sequence[int],
                      attack_eps: float | None = None, attack_steps: int | None = None, checkpoint_every: int = 100,
                      log_every: int = 10, on_step: Callable[[StepReport], None] | None = None,
-                     stop_after: int | None = None) -> PopulationResult:
+                     stop_after: int | None = None, sequential: bool = False) -> PopulationResult:
     """Trains every classifier of ``classifiers`` (their current weights are the start) on
     ``dataset`` with ``recipe`` and ``techniques``, network ``i`` with seed ``seeds[i]`` in
     place of ``recipe.seed``. Checkpoints under ``out/checkpoints``; logs every network's loss
     and accuracy to ``out/metrics.jsonl`` every ``log_every`` steps. ``stop_after`` ends the
-    call after that many steps (a scheduled interruption). Everything is checked before
-    anything compiles: the networks must share one graph, input shape and classes."""
+    call after that many steps (a scheduled interruption). ``sequential``: the networks step
+    one after another in the program (``lax.map``), not side by side (``vmap``), so that
+    NB201 cells made ``trainable(..., sequential=True)`` compute only their own ops. Everything
+    is checked before anything compiles: the networks must share one graph, input shape and
+    classes."""
     models = _models(classifiers, seeds, dataset, recipe, techniques)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -63,13 +66,14 @@ def train_population(classifiers: Sequence[Classifier], dataset: ImageDataset, o
     total, schedule = recipe.total_steps(num_examples), recipe.schedule(num_examples)
     optimizer, step_fn = make_step(models[0], recipe, techniques, num_examples, attack_eps=attack_eps,
                                    attack_steps=attack_steps)
-    advance = population_step(step_fn)
+    advance = population_step(step_fn, sequential)
     states = _stack([init_state(model, optimizer, recipe) for model in models])
     stopped = jnp.zeros(len(models), bool)
     meta = json.loads(json.dumps({"networks": [c.name for c in classifiers], "seeds": list(seeds),
                                   "dataset": dataset.name, "num_examples": num_examples,
                                   "recipe": dataclasses.asdict(recipe), "techniques": list(techniques.names),
-                                  "attack_eps": attack_eps, "attack_steps": attack_steps}))
+                                  "attack_eps": attack_eps, "attack_steps": attack_steps,
+                                  "sequential": sequential}))
     manager, start = open_checkpoints(out, meta, "population",
                                       "the same networks, seeds, data, recipe and techniques")
     if start:
@@ -131,13 +135,15 @@ def _models(classifiers: Sequence[Classifier], seeds: Sequence[int], dataset: Im
 
 
 @functools.cache
-def population_step(step: Callable) -> Callable:
-    """``step`` vmapped over the networks; a network whose loss or new weights are not
-    finite keeps its state and is marked stopped."""
+def population_step(step: Callable, sequential: bool = False) -> Callable:
+    """``step`` over the networks (leading axis) in one jitted program: side by side
+    (``vmap``) or one after another (``lax.map``, ``sequential``). A network whose loss or
+    new weights are not finite keeps its state and is marked stopped."""
+    over_networks = (lambda *args: jax.lax.map(lambda one: step(*one), args)) if sequential else jax.vmap(step)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def advance(states: TrainState, stopped: jax.Array, x, y, keys):
-        new, metrics = jax.vmap(step)(states, x, y, keys)
+        new, metrics = over_networks(states, x, y, keys)
         finite = jnp.isfinite(metrics["loss"]) & _finite(new.params)
         moving = ~stopped & finite
         kept = jax.tree.map(lambda n, o: jnp.where(moving.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, states)
