@@ -22,6 +22,12 @@ Rows (random weights everywhere: throughput only, accuracies mean nothing):
 - ``nb201_population_pgd10``: one PGD-10 step of ``rj.nas`` populations: a population of
   NAS-Bench-201 subnets (C=16, N=5, one set of supernet weights, per-network op choices) attacks
   one batch of CIFAR-size images in one program; networks/s. No peer.
+- ``nb201_training_population``: NAS-Bench-201 cells (C=16, N=5, CIFAR-size random images)
+  trained as one population (side by side) with NAS-RobBench-201's PGD-7 adversarial
+  training (``benchmarks/training_population.py``), against xautodl's ``TinyNetwork`` with
+  torchattacks trained one network at a time on the same GPU; networks/s counts network
+  training steps, and the row projects NAS-RobBench-201's 58k networks (50 epochs of CIFAR's
+  50,000 images at batch 256 each) in GPU-hours against the 107k it reported.
 - ``nb201_sweep_vs_torch``: ``benchmarks/nas.py`` at full CIFAR size (its ``--scale cifar``
   on a CPU): 64 NB201 subnets (C=16, N=5, random weights) recalibrated on 1,024 images and
   evaluated with clean, FGSM and PGD-10 on 256 random images as one population, against
@@ -135,6 +141,11 @@ class Sizes:
     sweep_examples: int = 256
     sweep_calibration: int = 1024
     sweep_torch: int = 2
+    training_networks: int = 32  # the nb201_training_population row: cells, batch, timed steps, torch cells
+    training_batch: int = 256
+    training_steps: int = 2
+    training_torch: int = 2
+    training_attack_steps: int = 7  # NAS-RobBench-201's PGD-7
     repeats: int = 2
     peer_repeats: int = 1
     matmul_size: int = 8192
@@ -145,7 +156,9 @@ SMOKE = Sizes(resnet="resnet18", resnet_layers=(1, 1, 1, 1), resnet_classes=10, 
               autoattack_batch=2, autoattack_steps=2, autoattack_queries=10, corruption_size=32,
               corruption_batch=2, peer_corruption_images=1, nb201=(4, 1), networks=2, population_batch=4,
               population_steps=1, sweep_networks=2, sweep_examples=8, sweep_calibration=8,
-              sweep_torch=1, repeats=1, peer_repeats=0, matmul_size=512)
+              sweep_torch=1, training_networks=2, training_batch=4, training_steps=1, training_torch=1,
+              training_attack_steps=1, repeats=1,
+              peer_repeats=0, matmul_size=512)
 
 
 # --- measurement helpers -------------------------------------------------------------------
@@ -572,17 +585,59 @@ def sweep_row(sizes: Sizes, peaks: dict) -> dict:
             "peer_images_per_s": rows["torch"]["networks_per_hour"] / 3600, "nas": measured}
 
 
+# NAS-RobBench-201 (Wu et al., ICLR 2024): 6,466 cells x 3 datasets x 3 seeds, 50 epochs of
+# CIFAR-10's 50,000 images at batch 256 each, about 107k T4-hours.
+NAS_ROBBENCH_NETWORKS, NAS_ROBBENCH_STEPS, NAS_ROBBENCH_GPU_HOURS = 58_194, 50 * 196, 107_000
+
+
+def training_row(sizes: Sizes, peaks: dict) -> dict:
+    """NB201 cells trained side by side as one population (``benchmarks.training_population``)
+    against torch one network at a time; networks/s are network training steps per second."""
+    from benchmarks import training_population as tp
+
+    for wheel in sorted(WHEELS.glob("xautodl-*.whl"))[-1:]:  # the GPU machine has no registry
+        if importlib.util.find_spec("xautodl") is None and str(wheel) not in sys.path:
+            sys.path.insert(0, str(wheel))
+    channels, cells_per_stage = sizes.nb201
+    space = rj.nas.NB201Space(channels=channels, cells_per_stage=cells_per_stage)
+    rng = np.random.default_rng(0)
+    examples = 4 * sizes.training_batch
+    data = rj.data.from_arrays(rng.integers(0, 256, (examples, *space.input_shape), dtype=np.uint8),
+                               rng.integers(0, space.num_classes, examples), num_classes=space.num_classes)
+    cells = [int(i) for i in rng.choice(len(space), sizes.training_networks, replace=False)]
+    batch = sizes.training_batch
+    steps = sizes.training_attack_steps
+    mine, compile_s = COMPILES.measure(lambda: tp.ours(space, cells, data, sizes.training_steps, False, batch, steps))
+    torch_step_s = tp.theirs(space, cells[:sizes.training_torch], data, sizes.training_steps, os.cpu_count() or 1,
+                             batch, steps)
+    flops = tp.step_flops(space, cells, data, False, batch, steps)
+    steps_per_s = len(cells) / mine["step_s"]
+    per_gpu_hour = 3600 * steps_per_s / NAS_ROBBENCH_STEPS
+    projected = NAS_ROBBENCH_NETWORKS / per_gpu_hour
+    return {"name": "nb201_training_population", "kind": "population", "model": f"nb201 C={channels} N={cells_per_stage}",
+            "precision": "float32", "batch": batch, "networks": len(cells), "form": "train_population (side by side)",
+            "params": {"techniques": str(tp.TECHNIQUES), "eps": tp.EPS, "attack_steps": steps},
+            "robustjax_networks_per_s": steps_per_s, "robustjax_images_per_s": steps_per_s * batch,
+            "robustjax_s": mine["step_s"], "robustjax_compile_s": compile_s,
+            "mfu": flops["own_step_gflops"] * 1e9 / mine["step_s"] / (peaks["tflops"]["float32"] * 1e12),
+            "peak_tflops": peaks["tflops"]["float32"], "executed_over_own": flops["executed_over_own"],
+            "mfu_note": "model FLOPs: each cell's own training step (the side-by-side layout runs every op)",
+            "peer": "xautodl TinyNetwork + torchattacks, one network at a time (network steps/s)",
+            "peer_images_per_s": 1 / torch_step_s, "networks_per_gpu_hour_nas_robbench": per_gpu_hour,
+            "projected_gpu_hours_58k": projected, "share_of_107k_gpu_hours": projected / NAS_ROBBENCH_GPU_HOURS}
+
+
 # --- driver --------------------------------------------------------------------------------
 
 BUDGET_S = float("inf")
 PARTIAL: Callable[[dict], None] = lambda row: None  # noqa: E731 - writes a row whose peer is still running
 ROW_NAMES = (*(r.name for r in ATTACK_ROWS), "wrn28_10_autoattack", "imagenet_c_15", "nb201_population_pgd10",
-             "nb201_sweep_vs_torch")
+             "nb201_sweep_vs_torch", "nb201_training_population")
 # Run order: the rows with performance targets first, so that a spent budget skips the others.
 # AutoAttack, the longest (its torch peer above all), comes last.
 PRIORITY = ("resnet50_pgd10_bfloat16", "resnet50_pgd20_bfloat16", "resnet50_pgd10_float32",
             "resnet50_pgd20_float32", "wrn28_10_apgd_ce", "wrn28_10_cw_l2", "wrn28_10_square", "imagenet_c_15",
-            "nb201_population_pgd10", "nb201_sweep_vs_torch", "wrn28_10_autoattack")
+            "nb201_population_pgd10", "nb201_sweep_vs_torch", "nb201_training_population", "wrn28_10_autoattack")
 
 
 def default_wheel() -> Path | None:
@@ -688,6 +743,8 @@ def main() -> None:
                 row = population_row(sizes, peaks)
             elif name == "nb201_sweep_vs_torch":
                 row = sweep_row(sizes, peaks)
+            elif name == "nb201_training_population":
+                row = training_row(sizes, peaks)
             else:
                 spec = next((r for r in ATTACK_ROWS if r.name == name), None) or AttackRow(
                     name, "wrn", "float32", None, None, jit=False, fixed_work=False)

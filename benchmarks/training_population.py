@@ -50,38 +50,43 @@ EPOCHS, BATCH_SIZE, LEARNING_RATE, WEIGHT_DECAY = 50, 256, 0.05, 5e-4
 TECHNIQUES = training.techniques.create("madry")
 
 
-def recipe(num_examples: int) -> training.Recipe:
-    return training.Recipe(epochs=EPOCHS, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE,
+def recipe(num_examples: int, batch_size: int = BATCH_SIZE) -> training.Recipe:
+    return training.Recipe(epochs=EPOCHS, batch_size=batch_size, learning_rate=LEARNING_RATE,
                            warmup_from=LEARNING_RATE, warmup_epochs=0, weight_decay=WEIGHT_DECAY, nesterov=False,
                            label_smoothing=0.0, ema_decay=None)
 
 
-def ours(space, cells: list, data, timed_steps: int, sequential: bool) -> dict:
+def ours(space, cells: list, data, timed_steps: int, sequential: bool, batch_size: int = BATCH_SIZE,
+         attack_steps: int = ATTACK_STEPS) -> dict:
     """Seconds of the population's first step (compiling) and per later step."""
     networks = [trainable(space, cell, key=jax.random.key(i), sequential=sequential) for i, cell in enumerate(cells)]
-    run = recipe(data.num_examples)
+    run = recipe(data.num_examples, batch_size)
     times = {}
     with tempfile.TemporaryDirectory() as folder:
         for name, steps in (("first", 1), ("timed", timed_steps)):
             started = time.perf_counter()
             training.train_population(networks, data, Path(folder, name), run, TECHNIQUES, seeds=list(range(len(cells))),
-                                      attack_eps=EPS, attack_steps=ATTACK_STEPS, checkpoint_every=10 ** 9,
+                                      attack_eps=EPS, attack_steps=attack_steps, checkpoint_every=10 ** 9,
                                       log_every=10 ** 9, stop_after=steps, sequential=sequential)
-            times[name] = time.perf_counter() - started
+            times[name] = time.perf_counter() - started  # train_population returns host arrays: work is done
     return {"first_step_s": times["first"], "step_s": times["timed"] / timed_steps,
             "steps_per_run": run.total_steps(data.num_examples)}
 
 
-def theirs(space, cells: list, data, timed_steps: int, threads: int) -> float:
-    """Seconds per training step of one network in PyTorch + torchattacks, over ``cells``."""
+def theirs(space, cells: list, data, timed_steps: int, threads: int, batch_size: int = BATCH_SIZE,
+           attack_steps: int = ATTACK_STEPS) -> float:
+    """Seconds per training step of one network in PyTorch + torchattacks, over ``cells``
+    (on the GPU when JAX runs on one)."""
     import torch
     import torchattacks
 
+    from benchmarks.common import synchronized, torch_device
     from benchmarks.torch_nb201 import tiny_network
 
     torch.set_num_threads(threads)
-    mean = torch.tensor(space.mean).view(1, -1, 1, 1)
-    std = torch.tensor(space.std).view(1, -1, 1, 1)
+    device = torch_device()
+    mean = torch.tensor(space.mean).view(1, -1, 1, 1).to(device)
+    std = torch.tensor(space.std).view(1, -1, 1, 1).to(device)
 
     class Model(torch.nn.Module):  # [0, 1] images in, logits out
         def __init__(self, net):
@@ -94,34 +99,37 @@ def theirs(space, cells: list, data, timed_steps: int, threads: int) -> float:
     spent = 0.0
     for i, cell in enumerate(cells):
         weights = nnx.to_pure_dict(standalone_network(space, cell, trainable(space, cell, key=jax.random.key(i))).params)
-        model = Model(tiny_network(space, space.resolve(cell), weights))
+        model = Model(tiny_network(space, space.resolve(cell), weights)).to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9, weight_decay=WEIGHT_DECAY)
-        attack = torchattacks.PGD(model, eps=EPS, alpha=STEP_SIZE, steps=ATTACK_STEPS, random_start=True)
+        attack = torchattacks.PGD(model, eps=EPS, alpha=STEP_SIZE, steps=attack_steps, random_start=True)
         attack.set_model_training_mode(model_training=True)
         for step in range(timed_steps + 1):
             started = time.perf_counter()
-            x, y = data.take(batch_indices(data.num_examples, BATCH_SIZE, i, step))
-            images, labels = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()), torch.from_numpy(y.astype(np.int64))
+            x, y = data.take(batch_indices(data.num_examples, batch_size, i, step))
+            images = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)
+            labels = torch.from_numpy(y.astype(np.int64)).to(device)
             model.train()
             adversarial = attack(images, labels)
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(adversarial), labels).backward()
             optimizer.step()
+            synchronized(None)
             if step:  # the first step warms torch's allocator up
                 spent += time.perf_counter() - started
     return spent / (len(cells) * timed_steps)
 
 
-def step_flops(space, cells: list, data, sequential: bool) -> dict:
+def step_flops(space, cells: list, data, sequential: bool, batch_size: int = BATCH_SIZE,
+               attack_steps: int = ATTACK_STEPS) -> dict:
     """FLOPs of one population step (lowered program, XLA's cost analysis) and the sum of
     each cell's own step at its own shapes."""
-    run = recipe(data.num_examples)
-    x, y = data.take(batch_indices(data.num_examples, BATCH_SIZE, 0, 0))
+    run = recipe(data.num_examples, batch_size)
+    x, y = data.take(batch_indices(data.num_examples, batch_size, 0, 0))
 
     def lowered_flops(classifiers: list, step_of) -> float:
         models = [TrainModel.from_classifier(c) for c in classifiers]
         optimizer, step = make_step(models[0], run, TECHNIQUES, data.num_examples, attack_eps=EPS,
-                                    attack_steps=ATTACK_STEPS)
+                                    attack_steps=attack_steps)
         states = [init_state(m, optimizer, run) for m in models]
         return step_of(step, states).cost_analysis()["flops"]
 
@@ -137,7 +145,8 @@ def step_flops(space, cells: list, data, sequential: bool) -> dict:
 
     static = lowered_flops([trainable(space, c, key=jax.random.key(0), sequential=sequential) for c in cells],
                            population)
-    own = sum(lowered_flops([rj.zoo.create(f"nas.{space.name}", pretrained=False, arch=c)], alone) for c in cells)
+    own = sum(lowered_flops([standalone_network(space, c, trainable(space, c, key=jax.random.key(0)))], alone)
+              for c in cells)
     executed = own if sequential else static
     return {"population_step_gflops": executed / 1e9, "xla_static_gflops": static / 1e9, "own_step_gflops": own / 1e9,
             "executed_over_own": executed / own}

@@ -30,7 +30,7 @@ def test_accelerator_benchmark_smoke_writes_every_row(tmp_path):
     assert set(rows) == {"resnet50_pgd10_float32", "resnet50_pgd20_float32", "resnet50_pgd10_bfloat16",
                          "resnet50_pgd20_bfloat16", "wrn28_10_cw_l2", "wrn28_10_apgd_ce", "wrn28_10_square",
                          "wrn28_10_autoattack", "imagenet_c_15", "nb201_population_pgd10",
-                         "nb201_sweep_vs_torch"}
+                         "nb201_sweep_vs_torch", "nb201_training_population"}
     assert payload["machine"]["peaks"]["tflops"]["float32"] > 0
     for row in rows.values():
         assert "error" not in row and "skipped" not in row, row
@@ -38,5 +38,7 @@ def test_accelerator_benchmark_smoke_writes_every_row(tmp_path):
         if row["kind"] == "attack":
             assert row["peer"].startswith("torchattacks") and row["peer_images_per_s"] > 0 and row["ratio"] > 0, row
     assert rows["nb201_population_pgd10"]["robustjax_networks_per_s"] > 0
+    trained = rows["nb201_training_population"]
+    assert trained["peer_images_per_s"] > 0 and trained["executed_over_own"] > 1, trained
     sweep = rows["nb201_sweep_vs_torch"]
     assert sweep["peer_images_per_s"] > 0 and sweep["ratio"] > 0 and sweep["nas"]["results_equal"] is True, sweep

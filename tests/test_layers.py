@@ -19,8 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "robustjax"
 # the package's face (its __init__, which hands every sub-package on).
 LAYERS = (
     # the Classifier and the data, and the low-level ops beneath everything
-    ("builtin_plans", "checks", "classifier", "compile_cache", "data", "distributed", "fast_conv", "files", "losses",
-     "ops", "output_folder", "precision", "registry", "sharding", "xla_flags"),
+    ("builtin_plans", "checkpoints", "checks", "classifier", "compile_cache", "data", "distributed", "fast_conv",
+     "files", "losses", "ops", "output_folder", "precision", "registry", "sharding", "xla_flags"),
     # attacks, noise, metrics, zoo and NAS
     ("attacks", "metrics", "nas", "noise", "zoo"),
     # training, evaluation, plans and sweeps

@@ -28,11 +28,11 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from robustjax.checkpoints import open_checkpoints
 from robustjax.data.dataset import batch_indices
 from robustjax.nas import build
 from robustjax.nas.bignas import BigNASSpace
 from robustjax.nas.supernet import Supernet, describe_space
-from robustjax.training.loop import open_checkpoints
 
 
 @dataclasses.dataclass(frozen=True)

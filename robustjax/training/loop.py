@@ -19,6 +19,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from robustjax.checkpoints import open_checkpoints
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset, batch_indices
 from robustjax.training.model import TrainModel
@@ -64,24 +65,6 @@ def check_training_data(classifier: Classifier, dataset: ImageDataset, recipe: R
     if dataset.num_examples < recipe.batch_size:
         raise ValueError(f"dataset {dataset.name!r} has {dataset.num_examples} examples, fewer than one batch "
                          f"of {recipe.batch_size}")
-
-
-def open_checkpoints(out: Path, meta: dict, kind: str, same: str) -> tuple[ocp.CheckpointManager, int]:
-    """The checkpoints of ``out/checkpoints`` and the step the latest reached (0: none);
-    checkpoints whose JSON ``meta`` differs, those of another ``kind`` of training, are
-    refused, naming what differs and asking for another folder or ``same``."""
-    manager = ocp.CheckpointManager(Path(out).resolve() / "checkpoints",
-                                    options=ocp.CheckpointManagerOptions(max_to_keep=2))
-    start = manager.latest_step() or 0
-    if start:
-        stored = manager.restore(start, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        if stored != meta:
-            manager.close()
-            differences = [f"{key}: {stored.get(key)!r}, not {meta[key]!r}" for key in meta
-                           if stored.get(key) != meta[key]]
-            raise ValueError(f"{out}: its checkpoints belong to another {kind} "
-                             f"({', '.join(differences) or 'another layout'}); use another folder, or {same}")
-    return manager, start
 
 
 def train(classifier: Classifier, dataset: ImageDataset, out: str | Path, recipe: Recipe = Recipe(),
@@ -146,7 +129,7 @@ def run_steps(out: Path, manager: ocp.CheckpointManager, meta: dict, steps: rang
     wrote past ``steps.start``), reports each step to ``on_step``, and saves ``checkpoint()``
     with ``meta`` every ``checkpoint_every`` steps and at the end. Closes ``manager``; returns
     the last figures logged or reported."""
-    truncate_log(out / METRICS_FILE, steps.start)
+    _truncate_log(out / METRICS_FILE, steps.start)
     metrics: dict = {}
     started = time.perf_counter()
     try:
@@ -171,7 +154,7 @@ def run_steps(out: Path, manager: ocp.CheckpointManager, meta: dict, steps: rang
     return metrics
 
 
-def truncate_log(path: Path, step: int) -> None:
+def _truncate_log(path: Path, step: int) -> None:
     """Drops the log lines of steps after ``step`` (a killed run logged past its last checkpoint)."""
     if not path.is_file():
         return

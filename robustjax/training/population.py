@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from robustjax.checkpoints import open_checkpoints
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset, batch_indices
-from robustjax.training.loop import StepReport, check_training_data, open_checkpoints, run_steps
+from robustjax.training.loop import StepReport, check_training_data, run_steps
 from robustjax.training.model import TrainModel
 from robustjax.training.recipe import Recipe
 from robustjax.training.step import TrainState, init_state, make_step, trained_state
