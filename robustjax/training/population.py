@@ -2,11 +2,11 @@
 batch order and random draws (issue 39).
 
 The step is the training step of ``robustjax train`` (:func:`~robustjax.training.step.make_step`)
-vmapped over the networks, so network ``i`` follows the trajectory it follows trained alone
-with seed ``seeds[i]``: its batches are ``batch_indices(n, batch_size, seeds[i], step)`` and
-its draws ``fold_in(key(seeds[i]), step)``. The networks share one graph: a zoo architecture
-with different initial weights, or NAS-Bench-201 cells in the shared layout of
-:func:`robustjax.nas.trainable.trainable`.
+over the networks, side by side (``vmap``) or one after another (``lax.map``), so network
+``i`` follows the trajectory it follows trained alone with seed ``seeds[i]``: its batches are
+``batch_indices(n, batch_size, seeds[i], step)`` and its draws ``fold_in(key(seeds[i]), step)``.
+The networks share one graph: a zoo architecture with different initial weights, or
+NAS-Bench-201 cells in the shared layout of :func:`robustjax.nas.trainable.trainable`.
 
 A network whose loss or new weights are not finite stops: it keeps its last finite state, the
 number of steps it completed is recorded, the others go on. Orbax checkpoints hold every
