@@ -124,6 +124,7 @@ def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarra
     import torchattacks
 
     from benchmarks.common import synchronized, torch_device
+    from benchmarks.torch_models import Normalized
 
     torch.set_num_threads(threads)
     device = torch_device()
@@ -132,21 +133,10 @@ def torch_alone(supernet: rj.nas.Supernet, configs: list, calibration: np.ndarra
     images = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)
     labels = torch.from_numpy(y.astype(np.int64)).to(device)
     calib = torch.from_numpy(calibration.transpose(0, 3, 1, 2).copy()).to(device)
-    mean = torch.tensor(space.mean).view(1, -1, 1, 1).to(device)
-    std = torch.tensor(space.std).view(1, -1, 1, 1).to(device)
-
-    class Model(torch.nn.Module):  # [0, 1] images in, logits out
-        def __init__(self, net):
-            super().__init__()
-            self.net = net
-
-        def forward(self, x):
-            out = self.net((x - mean) / std)
-            return out[1] if isinstance(out, tuple) else out  # TinyNetwork returns (features, logits)
 
     start = time.perf_counter()
     for config in configs:
-        model = Model(torch_network(supernet, config)).to(device)
+        model = Normalized(torch_network(supernet, config), space.mean, space.std).to(device)
         model.train()
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):

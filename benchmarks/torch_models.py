@@ -9,6 +9,21 @@ from torch import nn
 import robustjax as rj
 
 
+class Normalized(nn.Module):
+    """``net`` taking NCHW images in [0, 1]: normalised by ``mean`` and ``std`` first; logits
+    out (xautodl's ``TinyNetwork`` returns ``(features, logits)``)."""
+
+    def __init__(self, net: nn.Module, mean, std):
+        super().__init__()
+        self.net = net
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net((x - self.mean) / self.std)
+        return out[1] if isinstance(out, tuple) else out
+
+
 class TorchDigitsCNN(nn.Module):
     """The digits CNN in PyTorch; takes NCHW images in [0, 1] and normalises them itself."""
 

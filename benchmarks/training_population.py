@@ -81,25 +81,16 @@ def theirs(space, cells: list, data, timed_steps: int, threads: int, batch_size:
     import torchattacks
 
     from benchmarks.common import synchronized, torch_device
+    from benchmarks.torch_models import Normalized
     from benchmarks.torch_nb201 import tiny_network
 
     torch.set_num_threads(threads)
     device = torch_device()
-    mean = torch.tensor(space.mean).view(1, -1, 1, 1).to(device)
-    std = torch.tensor(space.std).view(1, -1, 1, 1).to(device)
-
-    class Model(torch.nn.Module):  # [0, 1] images in, logits out
-        def __init__(self, net):
-            super().__init__()
-            self.net = net
-
-        def forward(self, x):
-            return self.net((x - mean) / std)[1]
 
     spent = 0.0
     for i, cell in enumerate(cells):
         weights = nnx.to_pure_dict(standalone_network(space, cell, trainable(space, cell, key=jax.random.key(i))).params)
-        model = Model(tiny_network(space, space.resolve(cell), weights)).to(device)
+        model = Normalized(tiny_network(space, space.resolve(cell), weights), space.mean, space.std).to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9, weight_decay=WEIGHT_DECAY)
         attack = torchattacks.PGD(model, eps=EPS, alpha=STEP_SIZE, steps=attack_steps, random_start=True)
         attack.set_model_training_mode(model_training=True)
