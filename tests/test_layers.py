@@ -22,7 +22,7 @@ LAYERS = (
     ("builtin_plans", "checkpoints", "checks", "classifier", "compile_cache", "data", "distributed", "fast_conv",
      "files", "losses", "ops", "output_folder", "precision", "registry", "sharding", "xla_flags"),
     # attacks, noise, metrics, zoo and NAS
-    ("attacks", "metrics", "nas", "noise", "zoo"),
+    ("attacks", "certify", "metrics", "nas", "noise", "zoo"),
     # training, evaluation, plans and sweeps
     ("evaluation", "sweep", "training"),
     # the command line and reports
