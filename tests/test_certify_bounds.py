@@ -59,14 +59,16 @@ def tiny_case():
 
 
 @pytest.mark.parametrize("eps", [0.02, 0.1])
-def test_bounds_contain_every_sampled_logit_and_crown_is_no_looser(tiny_case, eps):
+def test_bounds_contain_every_sampled_logit_and_crown_is_no_looser_than_ibp(tiny_case, eps):
     clf, x = tiny_case
     ibp = certify.logit_bounds(clf, x, eps, method="ibp")
     crown = certify.logit_bounds(clf, x, eps, method="crown")
+    crown_ibp = certify.logit_bounds(clf, x, eps, method="crown-ibp")
     logits = jax.vmap(clf)(points_in_ball(x, eps, 10_000, jax.random.key(2)))
-    for bounds in (ibp, crown):
+    for bounds in (ibp, crown, crown_ibp):
         assert bool(jnp.all(logits >= bounds.lower - 1e-5)) and bool(jnp.all(logits <= bounds.upper + 1e-5))
-    assert bool(jnp.all(crown.lower >= ibp.lower - 1e-5)) and bool(jnp.all(crown.upper <= ibp.upper + 1e-5))
+    for tighter in (crown, crown_ibp):
+        assert bool(jnp.all(tighter.lower >= ibp.lower - 1e-5)) and bool(jnp.all(tighter.upper <= ibp.upper + 1e-5))
     # not vacuous: CROWN is strictly tighter somewhere, and the bounds hug the sampled range
     assert float(jnp.sum(crown.upper - crown.lower)) < float(jnp.sum(ibp.upper - ibp.lower))
     zero = certify.logit_bounds(clf, x, 0.0, method="crown")
@@ -137,13 +139,14 @@ def ibp_reference(layers, lower, upper):
     return bounds
 
 
-def crown_reference(layers, lower, upper, spec):
+def crown_reference(layers, lower, upper, spec, full=True):
     """CROWN (Zhang et al. 2018, Theorem 3.2) on explicit matrices z_k = W_k a_{k-1} + b_k,
     a_k = relu(z_k), a_0 = x in [lower, upper]: the lower and upper bounds of spec @ z_L,
-    with every pre-activation bounded the same way first; lower slopes adaptive (1 when
-    u > -l); every bound intersected with IBP's, as robustjax documents."""
+    with every pre-activation bounded the same way first (``full``) or by IBP (CROWN-IBP);
+    lower slopes adaptive (1 when u > -l); every bound intersected with IBP's, as
+    robustjax documents."""
     intervals = ibp_reference(layers, lower, upper)
-    pre_bounds = []
+    pre_bounds = [] if full else intervals
 
     def lower_bound(k, rows):
         a, offset = rows, np.zeros(len(rows))
@@ -163,7 +166,7 @@ def crown_reference(layers, lower, upper, spec):
         ibp_lower, ibp_upper = intervals[k]
         return np.maximum(crown, np.maximum(rows, 0) @ ibp_lower + np.minimum(rows, 0) @ ibp_upper)
 
-    for k in range(len(layers) - 1):
+    for k in range(len(layers) - 1 if full else 0):
         eye = np.eye(len(layers[k][1]))
         pre_bounds.append((lower_bound(k, eye), -lower_bound(k, -eye)))
     return lower_bound(len(layers) - 1, spec), -lower_bound(len(layers) - 1, -spec)
@@ -174,12 +177,14 @@ def test_crown_equals_a_dense_matrix_crown_and_ibp_a_dense_ibp(eps):
     clf, layers = dense_network()
     x = np.random.default_rng(3).uniform(0, 1, (4, 4, 4, 1)).astype(np.float32)
     crown = certify.logit_bounds(clf, x, eps, method="crown")
+    crown_ibp = certify.logit_bounds(clf, x, eps, method="crown-ibp")
     ibp = certify.logit_bounds(clf, x, eps, method="ibp")
     for i, image in enumerate(x.reshape(4, -1).astype(np.float64)):
         lower, upper = np.clip(image - eps, 0, 1), np.clip(image + eps, 0, 1)
-        expected = crown_reference(layers, lower, upper, np.eye(3))
-        np.testing.assert_allclose(crown.lower[i], expected[0], rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(crown.upper[i], expected[1], rtol=1e-4, atol=1e-4)
+        for bounds, full in ((crown, True), (crown_ibp, False)):
+            expected = crown_reference(layers, lower, upper, np.eye(3), full)
+            np.testing.assert_allclose(bounds.lower[i], expected[0], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(bounds.upper[i], expected[1], rtol=1e-4, atol=1e-4)
         low, up = ibp_reference(layers, lower, upper)[-1]
         np.testing.assert_allclose(ibp.lower[i], low, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(ibp.upper[i], up, rtol=1e-4, atol=1e-4)

@@ -8,6 +8,7 @@ from robustjax.certify import bounds, smoothing
 from robustjax.certify.bounds import Bounds, logit_bounds, margin_lower_bounds, verified
 from robustjax.certify.smoothing import (
     Certificate,
+    certificate,
     certified_accuracy,
     certify,
     class_counts,
@@ -15,6 +16,6 @@ from robustjax.certify.smoothing import (
 )
 
 __all__ = [
-    "Bounds", "Certificate", "bounds", "certified_accuracy", "certify", "class_counts", "logit_bounds",
+    "Bounds", "Certificate", "certificate", "bounds", "certified_accuracy", "certify", "class_counts", "logit_bounds",
     "margin_lower_bounds", "predict", "smoothing", "verified",
 ]

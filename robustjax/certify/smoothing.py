@@ -87,11 +87,18 @@ def certify(
                          "n=100,000)")
     _check_alpha(alpha)
     select_key, estimate_key = jax.random.split(key)
-    chosen = np.argmax(to_host(class_counts(classifier, x, sigma=sigma, num=n0, key=select_key,
-                                            draws_per_pass=draws_per_pass)), axis=1)
-    counts = to_host(class_counts(classifier, x, sigma=sigma, num=n, key=estimate_key,
-                                  draws_per_pass=draws_per_pass))
-    hits = counts[np.arange(len(chosen)), chosen]
+    selection = class_counts(classifier, x, sigma=sigma, num=n0, key=select_key, draws_per_pass=draws_per_pass)
+    estimation = class_counts(classifier, x, sigma=sigma, num=n, key=estimate_key, draws_per_pass=draws_per_pass)
+    return certificate(to_host(selection), to_host(estimation), sigma=sigma, alpha=alpha)
+
+
+def certificate(selection: np.ndarray, estimation: np.ndarray, *, sigma: float, alpha: float) -> Certificate:
+    """CERTIFY's decision from its class counts, (..., K) each: the class most often drawn in
+    ``selection``, its probability bounded from below on ``estimation`` (of ``n`` draws, the
+    counts' sum), the radius ``sigma * Phi^-1(p_lower)``, or an abstention below 1/2."""
+    chosen = np.argmax(selection, axis=-1)
+    n = estimation.sum(axis=-1)
+    hits = np.take_along_axis(estimation, chosen[..., None], axis=-1)[..., 0]
     p_lower = clopper_pearson_lower(hits, n, alpha)
     certified = p_lower >= 0.5
     radius = np.where(certified, sigma * stats.norm.ppf(np.where(certified, p_lower, 0.5)), 0.0)
@@ -113,7 +120,7 @@ def predict(
     return np.where(p_values <= alpha, order[:, 0], ABSTAIN)
 
 
-def clopper_pearson_lower(hits, trials: int, alpha: float) -> np.ndarray:
+def clopper_pearson_lower(hits, trials, alpha: float) -> np.ndarray:
     """One-sided (1 - alpha) Clopper-Pearson lower confidence bound on a binomial proportion."""
     hits = np.asarray(hits)
     return np.where(hits > 0, stats.beta.ppf(alpha, np.maximum(hits, 1), trials - hits + 1), 0.0)
@@ -133,7 +140,7 @@ def certified_accuracy(certificate: Certificate, y, radii) -> np.ndarray:
 
 
 def _check_noise(classifier, sigma, num, key, draws_per_pass) -> None:
-    check_positive_float(sigma, "sigma")
+    check_positive_float(sigma, "sigma", traceable=True)
     check_positive_int(num, "num")
     check_positive_int(draws_per_pass, "draws_per_pass")
     check_key(key)

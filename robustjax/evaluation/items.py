@@ -44,6 +44,7 @@ import numpy as np
 from robustjax import noise
 from robustjax.attacks.base import AttackResult
 from robustjax.attacks.threat import per_example_norm
+from robustjax.certify import bounds, smoothing
 from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset, from_arrays
 from robustjax.distributed import to_host
@@ -51,6 +52,7 @@ from robustjax.evaluation import metric_suite, sanity
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import REFERENCE_BASELINE, AttackRun, Plan
 from robustjax.evaluation.progress import UNTRACKED, Step
+from robustjax.metrics import proxies
 from robustjax.metrics.calibration import max_softmax
 from robustjax.nas.packing import PackedChoices
 from robustjax.nas.population import network_count, over_networks
@@ -58,7 +60,11 @@ from robustjax.noise import flip, sequences
 from robustjax.precision import with_precision
 
 # Per-example outcomes that are values rather than correct-or-not (sequence items: rates).
-VALUE_KINDS = ("sequence",)
+VALUE_KINDS = ("sequence", "proxy")
+# Items of certified lower bounds (``[certify]``): verified, or certified by smoothing, per example.
+CERTIFIED_KINDS = ("bound", "smoothing")
+# The streams of the seed's key that smoothing's noise draws and the Hessian's start vectors come from.
+SMOOTHING_STREAM, PROXY_STREAM = 40, 41
 # The kind of the item that runs, per network, the sections a population's one program does
 # not: the 23 metrics (each network's own neurons), natural shift (other datasets), the
 # sanity checks (they read the whole report).
@@ -74,7 +80,8 @@ class Item:
     """One unit of a plan. ``settings`` is JSON-ready and, with the plan's seed and batch
     size, determines the outcome; ``labels`` names each figure the item produces."""
 
-    kind: str  # "clean" | "attack" | "corruption" | "sequence" | "system_noise" | "report"
+    kind: str  # "clean" | "attack" | "corruption" | "sequence" | "system_noise" | "bound" | "smoothing" | "proxy"
+    #            | "report"
     settings: dict = dataclasses.field(hash=False)
     labels: tuple[str, ...]
     run: Any = dataclasses.field(default=None, compare=False, repr=False)  # the AttackRun of an attack item
@@ -194,6 +201,35 @@ def system_noise_item(plan: Plan, variant: noise.system.SystemNoiseVariant) -> I
     return Item("system_noise", settings, (f"{variant.decoder}+{variant.resize}",))
 
 
+def bound_item(plan: Plan, method: str) -> Item:
+    """The item of ``[certify]``'s bound ``method`` at every one of its eps: per example,
+    verified (every image within eps classified correctly, ``certify.bounds.verified``)."""
+    eps = plan.certify_eps()
+    return Item("bound", {"method": method, "eps": list(eps)}, tuple(f"{method} eps={e:g}" for e in eps))
+
+
+def smoothing_item(plan: Plan) -> Item:
+    """The item of ``[certify]``'s randomized smoothing: per example and radius, classified
+    correctly by the smoothed classifier with a certified L2 radius of at least that radius."""
+    run = plan.certify
+    settings = {"sigma": run.sigma, "n0": run.n0, "n": run.n, "alpha": run.alpha, "radii": list(run.radii)}
+    return Item("smoothing", settings, tuple(f"smoothing sigma={run.sigma:g} r={r:g}" for r in run.radii))
+
+
+def certify_items(plan: Plan) -> list[Item]:
+    """The ``[certify]`` table's items: one per bound method, and smoothing when it has a sigma."""
+    if plan.certify is None:
+        return []
+    return ([bound_item(plan, method) for method in plan.certify.bounds]
+            + ([smoothing_item(plan)] if plan.certify.sigma is not None else []))
+
+
+def proxy_item(plan: Plan) -> Item:
+    """The item of the plan's ``[proxies]``: per example, each proxy's value (the NTK's
+    condition number is its batch's, :meth:`ItemRunner._proxies`)."""
+    return Item("proxy", plan.proxies.as_dict(), tuple(f"proxy {name}" for name in plan.proxies.names))
+
+
 def expand(plan: Plan) -> list[Item]:
     """The plan's items, in the order they run; figure labels are unique within the plan
     (a repeated attack label gains its entry's position, ``"pgd eps=0.1 #3"``). The last,
@@ -214,6 +250,9 @@ def expand(plan: Plan) -> list[Item]:
         items += [sequence_item(plan, index) for index in range(len(plan.sequences.names))]
     if plan.system_noise is not None:
         items += [system_noise_item(plan, variant) for variant in plan.system_noise.variants()]
+    items += certify_items(plan)
+    if plan.proxies is not None:
+        items.append(proxy_item(plan))
     if per_network_sections(plan):
         items.append(Item(REPORT, {"plan": report_plan(plan).as_dict()}, report_labels(plan)))
     return items
@@ -255,6 +294,55 @@ def _attack_records(run: AttackRun, axes: Any, sequential: bool, classifier: Cla
     def one(params):
         result = _attack(run, classifier.replace(params=params), x, y, key)
         return _attack_fields(result.x_adv, result.success, result.queries, x)
+
+    return over_networks(one, classifier.params, axes, sequential)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _verified(method: str, eps: tuple[float, ...], rows_per_pass: int, axes: Any, sequential: bool,
+              classifier: Classifier, x: jax.Array, y: jax.Array) -> jax.Array:
+    """(networks, eps, batch): each example verified by ``method`` at each eps, every network."""
+    def one(params):
+        network = classifier.replace(params=params)
+        return jnp.stack([bounds.verified(network, x, y, e, method=method, rows_per_pass=rows_per_pass) for e in eps])
+
+    return over_networks(one, classifier.params, axes, sequential)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _class_counts(num: int, draws_per_pass: int, axes: Any, sequential: bool, classifier: Classifier, x: jax.Array,
+                  sigma: jax.Array, key: jax.Array) -> jax.Array:
+    """(networks, batch, classes): the base classifier's votes over ``num`` noise draws, every network."""
+    def one(params):
+        return smoothing.class_counts(classifier.replace(params=params), x, sigma=sigma, num=num, key=key,
+                                      draws_per_pass=draws_per_pass)
+
+    return over_networks(one, classifier.params, axes, sequential)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _proxy_values(names: tuple[str, ...], iterations: int, axes: Any, sequential: bool, classifier: Classifier,
+                  x: jax.Array, y: jax.Array, key: jax.Array) -> jax.Array:
+    """(networks, proxies, batch): the per-example proxies of ``names`` (0 for the NTK's,
+    which is per batch), every network."""
+    def one(params):
+        network = classifier.replace(params=params)
+        per_example = {"jacobian_norm": lambda: proxies.jacobian_norm(network, x),
+                       "hessian_eigenvalue": lambda: proxies.hessian_eigenvalue(network, x, y, key=key,
+                                                                                iterations=iterations),
+                       "ntk_condition_number": lambda: jnp.zeros(x.shape[0])}
+        return jnp.stack([per_example[name]() for name in names])
+
+    return over_networks(one, classifier.params, axes, sequential)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _ntk_condition(axes: Any, sequential: bool, classifier: Classifier, x: jax.Array) -> jax.Array:
+    """(networks,): the condition number of each network's empirical NTK on ``x``, a
+    singular one counted as ``1 / (B eps)``."""
+    def one(params):
+        condition = proxies.ntk_condition_number(classifier.replace(params=params), x)
+        return jnp.minimum(condition, 1 / (x.shape[0] * jnp.finfo(jnp.float32).eps))
 
     return over_networks(one, classifier.params, axes, sequential)
 
@@ -375,6 +463,10 @@ class ItemRunner:
                 clean = self._classified(classifier, axes, sequential, self.batches)["outcome"]
             records = self._attacked(item.run, classifier, axes, sequential, step, on_adversarial)
             return records | {"outcome": clean[:, None] & ~records["success"]}
+        if item.kind in CERTIFIED_KINDS:
+            return {"outcome": self._certified(item, classifier, axes, sequential, step)}
+        if item.kind == "proxy":
+            return {"outcome": self._proxies(classifier, axes, sequential, step)}
         if item.kind == "sequence":
             static = self._sequence_static(item.settings)
             return {"outcome": np.concatenate([
@@ -414,6 +506,44 @@ class ItemRunner:
                 fields = _attack_records(run, axes, sequential, classifier, x, y, key)
             parts.append({name: to_host(values)[..., mask] for name, values in fields.items()})
         return _joined(parts, axis=2)
+
+    def _certified(self, item: Item, classifier: Classifier, axes: Any, sequential: bool, step: Step) -> np.ndarray:
+        """(networks, figures, examples): verified at each eps of a bound item; certified
+        correct at each radius of a smoothing item, batch ``b``'s draws from
+        ``fold_in(fold_in(key(seed), SMOOTHING_STREAM), b)`` (``certify.certify``'s split)."""
+        run, parts = self.plan.certify, []
+        for b, (x, y, mask) in enumerate(step.track(self.batches)):
+            if item.kind == "bound":
+                outcome = to_host(_verified(item.settings["method"], tuple(item.settings["eps"]), run.rows_per_pass,
+                                            axes, sequential, classifier, x, y))
+            else:
+                key = jax.random.fold_in(jax.random.fold_in(self.seed_key, SMOOTHING_STREAM), b)
+                select, estimate = jax.random.split(key)
+                counts = [to_host(_class_counts(num, run.draws_per_pass, axes, sequential, classifier, x,
+                                                jnp.float32(run.sigma), k))
+                          for num, k in ((run.n0, select), (run.n, estimate))]
+                result = smoothing.certificate(*counts, sigma=run.sigma, alpha=run.alpha)
+                correct = result.prediction == to_host(y)[None]
+                outcome = np.stack([correct & (result.radius >= r) for r in run.radii], axis=1)
+            parts.append(outcome[..., mask])
+        return np.concatenate(parts, axis=2)
+
+    def _proxies(self, classifier: Classifier, axes: Any, sequential: bool, step: Step) -> np.ndarray:
+        """(networks, proxies, examples) of the plan's ``[proxies]``: the Jacobian norm and
+        the Hessian's eigenvalue per example (batch ``b``'s start vectors from
+        ``fold_in(fold_in(key(seed), PROXY_STREAM), b)``), the NTK's condition number per
+        batch of real examples (a singular kernel counts as ``1 / (B eps)``, the largest
+        condition number float32 resolves), repeated for each of its examples."""
+        run, parts = self.plan.proxies, []
+        for b, (x, y, mask) in enumerate(step.track(self.batches)):
+            key = jax.random.fold_in(jax.random.fold_in(self.seed_key, PROXY_STREAM), b)
+            values = np.array(to_host(_proxy_values(run.names, run.iterations, axes, sequential, classifier, x, y, key)))
+            if "ntk_condition_number" in run.names:
+                real = x[np.flatnonzero(mask)]
+                condition = to_host(_ntk_condition(axes, sequential, classifier, real))
+                values[:, run.names.index("ntk_condition_number")] = condition[:, None]
+            parts.append(values[..., mask])
+        return np.concatenate(parts, axis=2)
 
     def compiled(self, item: Item, classifier: Classifier, axes: Any, sequential: bool = False) -> Any:
         """The compiled program that runs one batch of ``item`` over this population (which

@@ -60,6 +60,20 @@ A plan file is TOML or JSON::
     dataset = "digits"        # training data (default: the sweep's dataset), split "train"
     checkpoint_every = 100    # steps between the checkpoints a killed training resumes from
 
+    [certify]                 # optional: certified lower bounds beside the attacks' upper bounds
+    bounds = ["crown"]        # verified accuracy by "ibp" and/or "crown" (robustjax.certify.bounds)
+    eps = [0.01, 0.03]        # their L-infinity eps (default: the eps of the plan's Linf attacks)
+    sigma = 0.25              # optional: randomized smoothing with this noise (certify.smoothing)
+    radii = [0.25, 0.5]       # the smoothed classifier's certified accuracy at these L2 radii
+    n0 = 100                  # smoothing's selection draws, estimation draws and level
+    n = 10000
+    alpha = 0.001
+
+    [proxies]                 # optional: training-free robustness proxies (metrics.proxies), which
+                              # robustjax sweep analyze ranks against every robust figure
+    names = ["jacobian_norm", "hessian_eigenvalue", "ntk_condition_number"]  # the default: all three
+    iterations = 20           # the Hessian's power-iteration steps
+
     [sanity]                  # optional: checks against gradient masking (evaluation.sanity)
     enabled = true            # unset: robustjax evaluate runs them, a sweep does not; true: both
     num_examples = 32         # correctly classified examples the model-based checks use
@@ -80,6 +94,7 @@ from typing import TYPE_CHECKING, Any
 
 from robustjax import attacks, builtin_plans, noise
 from robustjax.attacks.base import Attack
+from robustjax.certify.bounds import METHODS as BOUND_METHODS
 from robustjax.checks import check_choice, check_positive_int
 from robustjax.data.shift import NAMES as SHIFT_DATASETS
 from robustjax.metrics.corruption import ALEXNET_IMAGENET_C_ERRORS
@@ -90,7 +105,7 @@ if TYPE_CHECKING:
     from robustjax.training import Recipe, Techniques
 
 PLAN_KEYS = {"batch_size", "num_examples", "seed", "precision", "attacks", "corruptions", "sequences", "system_noise", "metrics",
-             "sanity", "natural_shift", "training"}
+             "sanity", "natural_shift", "training", "certify", "proxies"}
 CORRUPTION_KEYS = {"names", "severities", "preset", "baseline"}
 SEQUENCE_KEYS = {"names", "difficulty", "length", "preset", "batch_size"}
 SYSTEM_NOISE_KEYS = {"decoders", "resizes", "quality"}
@@ -101,6 +116,8 @@ CORRUPTION_SETS = {"imagenet-c": ("noise", "blur", "weather", "digital"), "all":
 BASELINES = {"alexnet": ALEXNET_IMAGENET_C_ERRORS}
 # The mCE baseline that is the plan's metrics.reference model, on the same corrupted images.
 REFERENCE_BASELINE = "reference"
+# The proxies a plan's [proxies] table computes per example (robustjax.metrics.proxies).
+PROXIES = ("jacobian_norm", "hessian_eigenvalue", "ntk_condition_number")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +260,74 @@ class SanityRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class CertifyRun:
+    """Certified lower bounds on robust accuracy (``robustjax.certify``): the verified
+    accuracy of each of ``bounds`` ("ibp", "crown") at each L-infinity ``eps`` (None: the
+    eps of the plan's L-infinity attacks), and, when ``sigma`` is set, the certified
+    accuracy of the Gaussian-smoothed classifier (Cohen et al.'s CERTIFY with ``n0``,
+    ``n`` and ``alpha``) at each L2 radius of ``radii``. ``rows_per_pass`` and
+    ``draws_per_pass`` trade memory for speed and change no outcome."""
+
+    bounds: tuple[str, ...] = ("crown",)
+    eps: tuple[float, ...] | None = None
+    sigma: float | None = None
+    radii: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    n0: int = 100
+    n: int = 10_000
+    alpha: float = 0.001
+    rows_per_pass: int = 256
+    draws_per_pass: int = 64
+
+    def __post_init__(self):
+        for method in self.bounds:
+            check_choice(method, BOUND_METHODS, "plan: certify.bounds")
+        if len(set(self.bounds)) < len(self.bounds):
+            raise ValueError(f"plan: certify.bounds names a method twice: {list(self.bounds)}")
+        for eps in self.eps or ():
+            if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1:
+                raise ValueError(f"plan: certify.eps must be numbers in [0, 1) (eps >= 1 covers the whole image "
+                                 f"box and certifies nothing), got {eps!r}")
+        if self.sigma is not None and (isinstance(self.sigma, bool) or not isinstance(self.sigma, int | float)
+                                       or not self.sigma > 0):
+            raise ValueError(f"plan: certify.sigma must be a number > 0, got {self.sigma!r}")
+        for radius in self.radii:
+            if isinstance(radius, bool) or not isinstance(radius, int | float) or not radius >= 0:
+                raise ValueError(f"plan: certify.radii must be numbers >= 0, got {radius!r}")
+        for key in ("n0", "n", "rows_per_pass", "draws_per_pass"):
+            check_positive_int(getattr(self, key), f"plan: certify.{key}")
+        if self.n0 > self.n:
+            raise ValueError(f"plan: certify.n0={self.n0} selection draws exceed n={self.n} estimation draws")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not 0 < self.alpha < 1:
+            raise ValueError(f"plan: certify.alpha must be in (0, 1), got {self.alpha!r}")
+        if not self.bounds and self.sigma is None:
+            raise ValueError("plan: [certify] certifies nothing: name bounds, or set sigma for smoothing")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"bounds": list(self.bounds), "radii": list(self.radii),
+                                           "eps": None if self.eps is None else list(self.eps)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProxiesRun:
+    """Training-free robustness proxies per example (``metrics.proxies``): the input-Jacobian
+    norm, the input-Hessian's dominant eigenvalue (``iterations`` power-iteration steps) and
+    the condition number of each batch's empirical NTK."""
+
+    names: tuple[str, ...] = PROXIES
+    iterations: int = 20
+
+    def __post_init__(self):
+        if not self.names:
+            raise ValueError(f"plan: proxies.names is empty; name some of {list(PROXIES)}")
+        for name in self.names:
+            check_choice(name, PROXIES, "plan: proxies.names")
+        check_positive_int(self.iterations, "plan: proxies.iterations")
+
+    def as_dict(self) -> dict:
+        return {"names": list(self.names), "iterations": self.iterations}
+
+
+@dataclasses.dataclass(frozen=True)
 class NaturalShiftRun:
     """Released natural-shift sets (``data.SHIFT_DATASETS``) and out-of-distribution folders
     (``"folder:PATH"``), read from ``data_dir``; ``corruptions`` x ``severities`` of ImageNet-C and
@@ -320,6 +405,8 @@ class Plan:
     sanity: SanityRun = SanityRun()
     natural_shift: NaturalShiftRun | None = None
     training: TrainingRun | None = None
+    certify: CertifyRun | None = None
+    proxies: ProxiesRun | None = None
     batch_size: int = 128
     num_examples: int | None = None
     seed: int = 0
@@ -334,11 +421,21 @@ class Plan:
         check_choice(self.precision, PRECISIONS, "plan: precision")
         if self.corruptions is not None and self.corruptions.baseline == REFERENCE_BASELINE and self.reference is None:
             raise ValueError('plan: corruptions.baseline = "reference" needs a reference model: set metrics.reference')
+        if self.certify is not None and self.certify.bounds and not self.certify_eps():
+            raise ValueError("plan: certify.bounds need an eps: set certify.eps, or add an L-infinity attack")
         if self.metrics is not None and _source_entry(self.runs, self.metrics.attack) is None:
             # the metrics read an attack entry's examples: theirs becomes the last entry
             attack = self.metrics.attack
             object.__setattr__(self, "runs", (*self.runs, AttackRun(attack, (attack.eps,) if hasattr(attack, "eps")
                                                                     else ())))
+
+    def certify_eps(self) -> tuple[float, ...]:
+        """The L-infinity eps the ``[certify]`` bounds run at: its own, or every eps of the
+        plan's L-infinity attack entries, in increasing order."""
+        if self.certify is None or self.certify.eps is not None:
+            return () if self.certify is None else tuple(self.certify.eps)
+        return tuple(sorted({float(params["eps"]) for run in self.runs for params in run.entries()
+                             if params.get("norm", "linf") == "linf" and params.get("eps") is not None}))
 
     @property
     def reference(self) -> str | None:
@@ -369,6 +466,8 @@ class Plan:
             "sanity": self.sanity.as_dict(),
             "natural_shift": None if self.natural_shift is None else self.natural_shift.as_dict(),
             **({} if self.training is None else {"training": self.training.as_dict()}),
+            **({} if self.certify is None else {"certify": self.certify.as_dict()}),
+            **({} if self.proxies is None else {"proxies": self.proxies.as_dict()}),
         }
 
 
@@ -552,6 +651,31 @@ def _system_noise_run(raw) -> SystemNoiseRun:
     return run
 
 
+def _certify_run(raw) -> CertifyRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'certify' must be a table, got {raw!r}")
+    _check_keys(raw, {f.name for f in dataclasses.fields(CertifyRun)}, "[certify]")
+    fields = dict(raw)
+    for key in ("bounds", "eps", "radii"):
+        if key in fields:
+            value = fields[key]
+            value = [value] if isinstance(value, str | int | float) and not isinstance(value, bool) else value
+            if not isinstance(value, list):
+                raise ValueError(f"plan: certify.{key} must be a list, got {fields[key]!r}")
+            fields[key] = tuple(value)
+    return CertifyRun(**fields)
+
+
+def _proxies_run(raw) -> ProxiesRun:
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan: 'proxies' must be a table, got {raw!r}")
+    _check_keys(raw, {f.name for f in dataclasses.fields(ProxiesRun)}, "[proxies]")
+    names = raw.get("names", list(PROXIES))
+    if not isinstance(names, list):
+        raise ValueError(f"plan: proxies.names must be a list, got {names!r}")
+    return ProxiesRun(tuple(names), raw.get("iterations", 20))
+
+
 def _natural_shift_run(raw) -> NaturalShiftRun:
     if not isinstance(raw, dict):
         raise ValueError(f"plan: 'natural_shift' must be a table, got {raw!r}")
@@ -674,11 +798,13 @@ def plan_from_dict(raw: dict) -> Plan:
     metrics = _metrics_run(raw["metrics"]) if "metrics" in raw else None
     natural_shift = _natural_shift_run(raw["natural_shift"]) if "natural_shift" in raw else None
     training = _training_run(raw["training"]) if "training" in raw else None
+    certify = _certify_run(raw["certify"]) if "certify" in raw else None
+    proxies = _proxies_run(raw["proxies"]) if "proxies" in raw else None
     settings = {key: raw[key] for key in ("batch_size", "num_examples", "seed", "precision") if key in raw}
     if "sanity" in raw:
         settings["sanity"] = _sanity_run(raw["sanity"])
     return Plan(runs=runs, corruptions=corruptions, sequences=sequences, system_noise=system_noise, metrics=metrics,
-                natural_shift=natural_shift, training=training, **settings)
+                natural_shift=natural_shift, training=training, certify=certify, proxies=proxies, **settings)
 
 
 def create(name: str) -> Plan:

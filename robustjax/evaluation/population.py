@@ -52,8 +52,10 @@ def evaluate_population_batch(population: Population, dataset: ImageDataset, pla
     """Every network of ``population`` under ``plan``: a dict per network with its clean
     accuracy, per attack entry its robust accuracy, per corruption and severity and per
     system-noise variant its accuracy, per ImageNet-P perturbation its flip probability and
-    top-5 distance, and the per-example outcomes behind each (``per_example``, keyed by
-    figure label: correctness, or each sequence's flip rate and top-5 distance)."""
+    top-5 distance, with a ``[certify]`` table its certified accuracies (``certified``, by
+    figure label), with ``[proxies]`` their means (``proxies``), and the per-example
+    outcomes behind each (``per_example``, keyed by figure label: correctness, or each
+    sequence's flip rate and top-5 distance, or a proxy's values)."""
     runner = runner or ItemRunner(dataset, plan)
     results = [{"arch_id": arch_id, "attacks": [], "corruptions": [], "sequences": [], "system_noise": [],
                 "per_example": {}} for arch_id in population.arch_ids]
@@ -75,6 +77,8 @@ def evaluate_population_batch(population: Population, dataset: ImageDataset, pla
                 flips, top5 = (values[label] for label in item.labels)
                 result["sequences"].append({"name": item.settings["name"], "flip_probability": flips,
                                             "top5_distance": top5})
+            elif item.kind in ("bound", "smoothing", "proxy"):
+                result.setdefault({"proxy": "proxies"}.get(item.kind, "certified"), {}).update(values)
             else:
                 result["corruptions" if item.kind == "corruption" else "system_noise"].append(
                     {**{k: v for k, v in item.settings.items() if k != "index"},

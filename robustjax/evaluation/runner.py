@@ -47,7 +47,9 @@ from robustjax.evaluation.items import (
     attack_item,
     attack_label,
     attack_settings,
+    certify_items,
     corruption_item,
+    proxy_item,
     record_name,
     sequence_item,
     system_noise_item,
@@ -390,6 +392,63 @@ def system_noise_section(runner: ItemRunner, classifier: Classifier, plan: Plan,
             "timing": _total(seconds).as_dict(len(accuracy) * num_evaluated(runner.dataset, plan))}
 
 
+def certified_section(runner: ItemRunner, classifier: Classifier, plan: Plan,
+                      attacked: list[tuple[dict, np.ndarray]], store: ItemStore | None = None,
+                      step: Step = UNTRACKED) -> dict:
+    """The ``[certify]`` items: each bound's verified accuracy at each L-infinity eps, and the
+    smoothed classifier's certified accuracy at each L2 radius. Per eps, the ``intervals``
+    hold robust accuracy between its certified lower bound (an example counts when any
+    bound verifies it) and the attacks' upper bound (an example counts when every finished
+    L-infinity attack at that eps failed on it; ``attacked`` pairs each attack section with
+    its examples' host mask of correctness under it); ``contradictions`` counts examples
+    verified yet broken by an attack, which sound bounds never give. Smoothing certifies
+    the smoothed classifier, not the network the attacks ran on, so it stands apart."""
+    verified: dict[float, list[np.ndarray]] = {}
+    bounds, smoothing, seconds = [], None, []
+    for item in certify_items(plan):
+        records = recorded(store, plan, item, lambda item=item: runner.records(item, classifier, step=step))
+        seconds.append(records.section["seconds"])
+        outcome = records.arrays["outcome"]
+        if item.kind == "bound":
+            for eps, row in zip(item.settings["eps"], outcome):
+                verified.setdefault(eps, []).append(row)
+                bounds.append({"method": item.settings["method"], "eps": eps, "verified_accuracy": float(row.mean())})
+        else:
+            smoothing = {"sigma": item.settings["sigma"], "n0": item.settings["n0"], "n": item.settings["n"],
+                         "alpha": item.settings["alpha"],
+                         "results": [{"radius": radius, "certified_accuracy": float(row.mean())}
+                                     for radius, row in zip(item.settings["radii"], outcome)]}
+    intervals = []
+    for eps, rows in verified.items():
+        certified = np.logical_or.reduce(rows)
+        at_eps = [(section, mask) for section, mask in attacked
+                  if section["params"].get("norm", "linf") == "linf" and section["params"].get("eps") == eps]
+        robust = np.logical_and.reduce([mask for _, mask in at_eps]) if at_eps else None
+        intervals.append({
+            "norm": "linf", "eps": eps, "certified": float(certified.mean()),
+            "attacked": None if robust is None else float(robust.mean()),
+            "width": None if robust is None else float(robust.mean() - certified.mean()),
+            "attacks": [section["name"] for section, _ in at_eps],
+            "contradictions": None if robust is None else int((certified & ~robust).sum())})
+    return {"status": "ok", **plan.certify.as_dict(), "eps": list(plan.certify_eps()), "bounds": bounds,
+            "intervals": intervals, "smoothing": smoothing,
+            "timing": _total(seconds).as_dict(len(seconds) * num_evaluated(runner.dataset, plan))}
+
+
+def proxies_section(runner: ItemRunner, classifier: Classifier, plan: Plan, store: ItemStore | None = None,
+                    step: Step = UNTRACKED) -> dict:
+    """The plan's ``[proxies]`` for this network: each proxy's mean and median over the
+    evaluated examples (the NTK's condition number is each batch's, so its mean weighs the
+    batches by their examples)."""
+    item = proxy_item(plan)
+    records = recorded(store, plan, item, lambda: runner.records(item, classifier, step=step))
+    values = records.arrays["outcome"]
+    return {"status": "ok", **plan.proxies.as_dict(),
+            "results": [{"name": name, "mean": float(row.mean()), "median": float(np.median(row))}
+                        for name, row in zip(plan.proxies.names, values)],
+            "timing": Timing(**records.section["seconds"]).as_dict(values.shape[-1])}
+
+
 def num_evaluated(dataset: ImageDataset, plan: Plan) -> int:
     return dataset.num_examples if plan.num_examples is None else min(plan.num_examples, dataset.num_examples)
 
@@ -443,6 +502,9 @@ def randomness(plan: Plan, parallel: DataParallel) -> dict:
             "sequences": "fold_in(fold_in(key(seed), p), b): perturbation p (its position in names), batches of "
                          "sequences.batch_size rounded up to a multiple of the devices",
             "system_noise": None,
+            "certified": "bounds: none; smoothing: split(fold_in(fold_in(key(seed), 40), b)) gives the selection "
+                         "and the estimation draws' keys, draw pass i of each fold_in(that key, i)",
+            "proxies": "the Hessian's power-iteration start: fold_in(fold_in(key(seed), 41), b)",
             "metrics": "the adversarial examples of the attack entry they name (its keys); the transfer attack "
                        "on the reference: fold_in(fold_in(k, b), 1), EBD: e, where k, e = "
                        "split(fold_in(key(seed), 23))",
@@ -541,6 +603,8 @@ def evaluate(
         "corruptions": None,
         "sequences": None,
         "system_noise": None,
+        "certified": None,
+        "proxies": None,
         "metrics": None,
         "sanity": None,
         "natural_shift": None,
@@ -634,6 +698,12 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
     if plan.system_noise is not None:
         published_or_failed("system_noise", plan.system_noise.as_dict(), (len(plan.system_noise.variants()), "variants"),
                             lambda step: system_noise_section(runner, classifier, plan, store, step))
+    if plan.certify is not None:
+        published_or_failed("certified", plan.certify.as_dict(), (len(certify_items(plan)) * batches, "batches"),
+                            lambda step: certified_section(runner, classifier, plan, finished, store, step))
+    if plan.proxies is not None:
+        published_or_failed("proxies", plan.proxies.as_dict(), (batches, "batches"),
+                            lambda step: proxies_section(runner, classifier, plan, store, step))
     if plan.metrics is not None:
         try:
             publish("metrics")(metrics.section(report["clean"], clean_correct, report["corruptions"]))
@@ -645,7 +715,8 @@ def _run_plan(report: dict, classifier: Classifier, dataset: ImageDataset, plan:
                                 classifier, dataset, plan, parallel, report, clean_correct, step=step))).section)
     failed_parts = any(section["status"] != "ok" for section in report["attacks"])
     failed_parts |= any(report[part] is not None and report[part]["status"] != "ok"
-                        for part in ("corruptions", "sequences", "system_noise", "metrics", "sanity", "natural_shift"))
+                        for part in ("corruptions", "sequences", "system_noise", "certified", "proxies", "metrics",
+                                     "sanity", "natural_shift"))
     report["status"] = "incomplete" if failed_parts else "complete"
     on_update(report)
 

@@ -20,6 +20,8 @@ SECTIONS = {
     "corruptions": "Corruptions",
     "sequences": "Perturbation sequences (ImageNet-P)",
     "system_noise": "System noise",
+    "certified": "Certified robust accuracy",
+    "proxies": "Training-free proxies",
     "natural_shift": "Natural distribution shift",
     "metrics": "The 23 metrics (arXiv 2101.09617)",
     "calibration": "Calibration",
@@ -30,7 +32,8 @@ SECTIONS = {
 FILE = "report.html"
 ENDED = {"interrupted": "was interrupted", "killed": "was killed", "failed": "failed"}
 ARROWS = {"higher": "&uarr;&nbsp;higher", "lower": "&darr;&nbsp;lower"}
-PLANNED = ("attacks", "corruptions", "sequences", "system_noise", "natural_shift", "metrics", "sanity")  # a plan may leave out
+PLANNED = ("attacks", "corruptions", "sequences", "system_noise", "certified", "proxies", "natural_shift", "metrics",
+           "sanity")  # a plan may leave out
 
 
 def _json(value) -> str:
@@ -124,6 +127,11 @@ def _summary(report: dict, gallery) -> str:
         rows.append(["mCE (relative mCE)", f"{percent(corruptions['mce'])} ({percent(corruptions['relative_mce'])})"])
     if (sequences := report.get("sequences")) and sequences.get("mean_flip_probability") is not None:
         rows.append(["mean flip probability", percent(sequences["mean_flip_probability"])])
+    if (certified := report.get("certified")) and certified.get("intervals"):
+        for entry in certified["intervals"]:
+            if entry["attacked"] is not None:
+                rows.append([f"robust accuracy, linf eps={number(entry['eps'])}, certified to attacked",
+                             f"{percent(entry['certified'])} to {percent(entry['attacked'])}"])
     if (system := report.get("system_noise")) and system.get("mean_accuracy") is not None:
         rows.append(["system noise: mean accuracy (std)", f"{percent(system['mean_accuracy'])} "
                                                           f"({percent(system['std_accuracy'])})"])
@@ -164,6 +172,11 @@ def _attacks(report: dict, gallery) -> str:
         line = curves.setdefault(entry["norm"], {}).setdefault("worst case over attacks", ([], []))
         line[0].append(entry["eps"])
         line[1].append(entry["robust_accuracy"])
+    if (certified := report.get("certified")) and certified.get("intervals"):
+        for entry in certified["intervals"]:
+            line = curves.setdefault(entry["norm"], {}).setdefault("certified (best bound)", ([], []))
+            line[0].append(entry["eps"])
+            line[1].append(entry["certified"])
     parts = []
     if curves:
         clean = report["clean"]["accuracy"] if report.get("clean") else None
@@ -172,7 +185,9 @@ def _attacks(report: dict, gallery) -> str:
         parts.append(figure(plots.robust_accuracy(lines, clean), "Robust accuracy (share of all evaluated examples "
                              "classified correctly clean and under the attack) against the attack's budget; each "
                              "line starts at the clean accuracy. Worst case (the grey band beneath): an example "
-                             "counts only if every attack at that budget failed on it."))
+                             "counts only if every attack at that budget failed on it. Certified (dashed, with "
+                             "a [certify] table): the lower bound, an example counts when a bound proves it "
+                             "robust; the true robust accuracy lies between it and the attacks."))
     rows, times = [], attack_times(attacks)
     for entry, timing in zip(attacks, times, strict=True):
         params = escape(", ".join(f"{k}={v}" for k, v in entry["params"].items() if v is not None))
@@ -273,6 +288,46 @@ def _system_noise(report: dict, gallery) -> str:
                    f"Top-1 accuracy (%) per JPEG decoder (quality {section['quality']}) and resize interpolation. "
                    f"Mean {percent(section['mean_accuracy'])}, std {percent(section['std_accuracy'])} (RobustART's score: "
                    f"{number(section['negative_std'])}, higher is more robust).")
+
+
+def _certified(report: dict, gallery) -> str:
+    section = report["certified"]
+    if (failed := _failed(section)) is not None:
+        return failed
+    parts = []
+    if section["intervals"]:
+        parts.append("<p>Robust accuracy lies between a certified lower bound (an example counts when a bound "
+                     "proves every image within eps classified correctly) and the attacks' upper bound (an "
+                     "example counts when every attack at that eps failed on it). A contradiction, an example "
+                     "verified yet broken, would mean an unsound bound.</p>")
+        parts.append(table(["norm", "eps", "certified", "attacked", "width", "attacks", "contradictions"],
+                           [[escape(e["norm"]), number(e["eps"]), percent(e["certified"]), percent(e["attacked"]),
+                             "" if e["width"] is None else percent(e["width"]), escape(", ".join(e["attacks"])),
+                             "" if e["contradictions"] is None else str(e["contradictions"])]
+                            for e in section["intervals"]], numeric={1, 2, 3, 4, 6}))
+        parts.append(table(["bound", "eps", "verified accuracy"],
+                           [[escape(e["method"]), number(e["eps"]), percent(e["verified_accuracy"])]
+                            for e in section["bounds"]], numeric={1, 2}))
+    if (smoothing := section["smoothing"]) is not None:
+        parts.append(f"<p>Randomized smoothing (Cohen et al. 2019), sigma={number(smoothing['sigma'])}, "
+                     f"n0={smoothing['n0']}, n={smoothing['n']:,}, alpha={number(smoothing['alpha'])}: the certified "
+                     "accuracy of the smoothed classifier, a different classifier from the network the attacks "
+                     "ran on, at each L2 radius.</p>")
+        parts.append(table(["L2 radius", "certified accuracy"],
+                           [[number(e["radius"]), percent(e["certified_accuracy"])] for e in smoothing["results"]],
+                           numeric={0, 1}))
+    return "".join(parts)
+
+
+def _proxies(report: dict, gallery) -> str:
+    section = report["proxies"]
+    if (failed := _failed(section)) is not None:
+        return failed
+    return ("<p>Training-free proxies of robustness (robustjax.metrics.proxies): lower Jacobian norm, Hessian "
+            "eigenvalue magnitude and NTK condition number usually go with a more robust network; across many "
+            "networks, robustjax sweep analyze ranks them against the robust figures.</p>"
+            + table(["proxy", "mean", "median"], [[escape(e["name"]), number(e["mean"]), number(e["median"])]
+                                                  for e in section["results"]], numeric={1, 2}))
 
 
 def _natural_shift(report: dict, gallery) -> str:
@@ -454,7 +509,8 @@ def _reproduce(report: dict, gallery) -> str:
 
 RENDERERS: dict[str, Callable[[dict, Mapping | None], str]] = {
     "summary": _summary, "attacks": _attacks, "corruptions": _corruptions, "sequences": _sequences,
-    "system_noise": _system_noise, "natural_shift": _natural_shift, "metrics": _metrics, "calibration": _calibration, "sanity": _sanity,
+    "system_noise": _system_noise, "certified": _certified, "proxies": _proxies,
+    "natural_shift": _natural_shift, "metrics": _metrics, "calibration": _calibration, "sanity": _sanity,
     "gallery": _gallery, "reproduce": _reproduce,
 }
 

@@ -34,7 +34,8 @@ def robust_accuracy(curves: dict[str, list[tuple[str, list[float], list[float]]]
                     clean_accuracy: float | None) -> str:
     """Robust accuracy against epsilon, one panel per norm (``curves``: norm -> (label, eps,
     accuracy) per line; a label starting with "worst case" is drawn as a wide grey band beneath
-    the attacks' lines, so an attack whose line it equals stays visible). Each line starts
+    the attacks' lines, so an attack whose line it equals stays visible, and one starting with
+    "certified" as a dashed black line, the lower bound beneath them all). Each line starts
     from the clean accuracy at eps 0 when it is known."""
     fig = _figure(3.2)
     axes = fig.subplots(1, len(curves), squeeze=False)[0]
@@ -43,7 +44,9 @@ def robust_accuracy(curves: dict[str, list[tuple[str, list[float], list[float]]]
             if clean_accuracy is not None:
                 eps, accuracy = [0.0, *eps], [clean_accuracy, *accuracy]
             style = ({"color": "0.55", "linewidth": 7, "alpha": 0.45, "zorder": 1, "solid_capstyle": "round"}
-                     if label.startswith("worst case") else {"marker": "o", "zorder": 2})
+                     if label.startswith("worst case") else
+                     {"color": "black", "linestyle": "--", "marker": "v", "zorder": 3} if label.startswith("certified")
+                     else {"marker": "o", "zorder": 2})
             ax.plot(eps, accuracy, label=label, **style)
         ax.set(xlabel=f"epsilon ({norm})", ylabel="robust accuracy", ylim=(-0.02, 1.02), title=norm)
         ax.grid(alpha=0.3)

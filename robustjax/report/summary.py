@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -68,6 +70,8 @@ def attack_table(report: dict) -> Table:
     for entry in report.get("worst_case", []):
         table.add_row(f"worst case {entry['norm']} eps={_number(entry['eps'])}",
                       _percent(entry["robust_accuracy"]), "", "", "", "", "")
+    _section_rows(table, "certified", report.get("certified"), _certified_rows)
+    _section_rows(table, "proxies", report.get("proxies"), _proxies_rows)
     return table
 
 
@@ -105,6 +109,35 @@ def noise_table(report: dict) -> Table | None:
                       f"(std {_percent(system['std_accuracy'])})", _percent(system["mean_accuracy"]),
                       _seconds(system["timing"]))
     return table
+
+
+def _section_rows(table: Table, part: str, section: dict | None, rows: Callable[[dict], list[tuple[str, str]]]) -> None:
+    """An optional section's ``rows(section)`` (label, value) below the attacks, then its time."""
+    if section is None:
+        return
+    table.add_section()
+    if section["status"] == "failed":
+        table.add_row(part, "failed", section.get("error", ""), "", "", "", "")
+        return
+    for label, value in rows(section):
+        table.add_row(label, value, "", "", "", "", "")
+    table.add_row(f"{part}: time", "", "", "", "", "", _seconds(section["timing"]))
+
+
+def _certified_rows(section: dict) -> list[tuple[str, str]]:
+    """Verified accuracy per bound and eps (the attacks' rows above are the upper bounds), and
+    the smoothed classifier's certified accuracy per radius."""
+    rows = [(f"certified {e['method']} linf eps={_number(e['eps'])}", _percent(e["verified_accuracy"]))
+            for e in section["bounds"]]
+    if (smoothing := section["smoothing"]) is not None:
+        rows += [(f"certified smoothed sigma={_number(smoothing['sigma'])} l2 r={_number(e['radius'])}",
+                  _percent(e["certified_accuracy"])) for e in smoothing["results"]]
+    return rows
+
+
+def _proxies_rows(section: dict) -> list[tuple[str, str]]:
+    """Each training-free proxy's mean over the examples."""
+    return [(f"proxy {e['name']} (mean)", _number(e["mean"])) for e in section["results"]]
 
 
 def metrics_table(report: dict) -> Table | None:

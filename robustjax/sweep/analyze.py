@@ -1,8 +1,8 @@
 """Analysis of a sweep over many networks, after RobustART (arXiv 2109.05211).
 
 Robustness against FLOPs and parameters, rank correlations between noise types, the effect
-of each search dimension, and the Pareto front of clean against robust accuracy: CSV tables,
-PNG plots and a markdown summary.
+of each search dimension, the Pareto front of clean against robust accuracy, and how well
+each training-free proxy ranks each figure: CSV tables, PNG plots and a markdown summary.
 """
 
 from __future__ import annotations
@@ -32,12 +32,16 @@ class Table:
     ``figures``: accuracy columns in [0, 1], the first "clean", the rest noise types; a value may
     be None (failed), and such a row is left out of every statistic involving that column.
     ``context``: what was swept, on which data, in a sentence (shown above the analysis).
+    ``predictors``: columns of any real values (None: failed) that may predict the figures,
+    such as the training-free proxies of a plan's ``[proxies]``; each is ranked against
+    every figure.
     """
 
     rows: list[dict]
     dimensions: tuple[str, ...]
     figures: tuple[str, ...]
     context: str = ""
+    predictors: tuple[str, ...] = ()
 
 
 def tau_noise_level(n: int, z: float = 1.96) -> float:
@@ -73,7 +77,7 @@ def _validate(table: Table) -> None:
         raise ValueError(f"figure names must have distinct, non-empty slugs, got {slugs}")
     for i, row in enumerate(table.rows):
         arch = row.get("arch_id", f"<row {i}>")
-        for column in ("arch_id", *COSTS, *table.dimensions, *table.figures):
+        for column in ("arch_id", *COSTS, *table.dimensions, *table.figures, *table.predictors):
             if column not in row:
                 raise ValueError(f"column {column!r} is missing from network {arch!r}")
         for column in table.figures:
@@ -81,6 +85,10 @@ def _validate(table: Table) -> None:
             if value is not None and not (isinstance(value, numbers.Real) and 0 <= value <= 1):
                 raise ValueError(f"figure {column!r} of network {arch!r} is {value!r}, "
                                  "not None or a number in [0, 1]")
+        for column in table.predictors:
+            value = row[column]
+            if value is not None and not (isinstance(value, numbers.Real) and math.isfinite(value)):
+                raise ValueError(f"predictor {column!r} of network {arch!r} is {value!r}, not None or a finite number")
         for column in table.dimensions:
             if not isinstance(row[column], (numbers.Real, str)):
                 raise TypeError(f"dimension {column!r} of network {arch!r} is {row[column]!r}, "
@@ -114,6 +122,21 @@ def rank_correlations(table: Table) -> list[dict]:
     for a, b in itertools.combinations(table.figures, 2):
         x, y = _pairs(table, a, b)
         out.append({"a": a, "b": b, "n": len(x), **_ranks(x, y)})
+    return out
+
+
+def predictor_ranking(table: Table) -> list[dict]:
+    """Kendall's tau-b (and Spearman's rho) of every predictor against every figure, over the
+    networks where both are defined, as Jung et al. (ICLR 2023) rank robustness proxies
+    against robust accuracy: keys "predictor", "figure", "n", "kendall_tau", "kendall_p",
+    "spearman_rho", "spearman_p". A proxy where lower means more robust (the Jacobian norm)
+    predicts well with a tau near -1."""
+    _validate(table)
+    out = []
+    for predictor in table.predictors:
+        for figure in table.figures:
+            x, y = _pairs(table, predictor, figure)
+            out.append({"predictor": predictor, "figure": figure, "n": len(x), **_ranks(x, y)})
     return out
 
 
@@ -267,7 +290,7 @@ def _fmt(value: float) -> str:
 
 
 def _summary(table: Table, correlations: list[dict], effects: list[dict],
-             fronts: dict[str, list[str]]) -> str:
+             fronts: dict[str, list[str]], ranking: list[dict]) -> str:
     counts = (f"{len(table.rows)} networks, {len(table.dimensions)} search dimensions, "
               f"{len(table.figures)} figures.")
     lines = ["# Sweep analysis", "", *([table.context, ""] if table.context else []), counts, "",
@@ -288,6 +311,14 @@ def _summary(table: Table, correlations: list[dict], effects: list[dict],
         lines += ["", "## Correlations (Kendall tau)", "", noise_note(len(table.rows)), "",
                   f"- strongest: {high['a']} / {high['b']}: {_fmt(high['kendall_tau'])}",
                   f"- weakest: {low['a']} / {low['b']}: {_fmt(low['kendall_tau'])}"]
+    if defined_ranking := [r for r in ranking if not math.isnan(r["kendall_tau"])]:
+        lines += ["", "## Training-free proxies (Kendall tau against each figure)", "", noise_note(len(table.rows)),
+                  "", "| figure | best proxy | tau |", "|---|---|---|"]
+        for figure in table.figures:
+            of_figure = [r for r in defined_ranking if r["figure"] == figure]
+            if of_figure:
+                best = max(of_figure, key=lambda r: abs(r["kendall_tau"]))
+                lines.append(f"| {figure} | {best['predictor']} | {_fmt(best['kendall_tau'])} |")
     if len(table.figures) > 1 and table.dimensions:
         robust = table.figures[1]
 
@@ -319,7 +350,7 @@ def analyze(table: Table, out: str | pathlib.Path) -> dict:
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     correlations, costs = rank_correlations(table), cost_relation(table)
-    effects = dimension_effects(table)
+    effects, ranking = dimension_effects(table), predictor_ranking(table)
     _write_csv(out / "correlations.csv", correlations,
                ["a", "b", "n", "kendall_tau", "kendall_p", "spearman_rho", "spearman_p"])
     _write_csv(out / "cost_correlations.csv", costs,
@@ -328,6 +359,10 @@ def analyze(table: Table, out: str | pathlib.Path) -> dict:
                ["dimension", "value", "figure", "n", "mean", "std", "min", "max"])
     files = ["correlations.csv", "cost_correlations.csv", "dimension_effects.csv",
              "correlations.png", "dimensions.png", "summary.md"]
+    if table.predictors:
+        _write_csv(out / "proxy_ranking.csv", ranking,
+                   ["predictor", "figure", "n", "kendall_tau", "kendall_p", "spearman_rho", "spearman_p"])
+        files.append("proxy_ranking.csv")
     fronts = {}
     for figure in table.figures[1:]:
         rows = [r for r in table.rows if r["clean"] is not None and r[figure] is not None]
@@ -345,5 +380,5 @@ def analyze(table: Table, out: str | pathlib.Path) -> dict:
         files.append(f"scatter_{cost}.png")
     plot_correlations(table, correlations, out / "correlations.png")
     _plot_dimensions(table, effects, out / "dimensions.png")
-    (out / "summary.md").write_text(_summary(table, correlations, effects, fronts))
+    (out / "summary.md").write_text(_summary(table, correlations, effects, fronts, ranking))
     return {"files": sorted(files), "networks": len(table.rows)}

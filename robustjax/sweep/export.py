@@ -104,7 +104,9 @@ def table(store: Store) -> Table:
                      **figures, "errors": errors})
     figure_names = [*(label for label in labels if label not in values),
                     *(k for k in (rows[0] if rows else {}) if k.startswith("worst "))]
-    return Table(rows=rows, dimensions=tuple(dimensions), figures=tuple(figure_names), context=describe(store))
+    predictors = tuple(label for item in items if item["kind"] == "proxy" for label in item["labels"])
+    return Table(rows=rows, dimensions=tuple(dimensions), figures=tuple(figure_names), context=describe(store),
+                 predictors=predictors)
 
 
 def describe(store: Store) -> str:
