@@ -42,13 +42,21 @@ def tiny_classifier(seed: int = 0) -> rj.Classifier:
                                   name="tiny")
 
 
-def points_in_ball(x, eps, count, key):
-    """Uniform points and vertices (every pixel at +-eps) of the eps-ball, clipped to [0, 1]."""
-    uniform_key, vertex_key = jax.random.split(key)
+def points_in_ball(x, eps, count, key, norm="linf"):
+    """Uniform points of the eps-ball and points on its boundary (vertices for L-infinity,
+    every pixel at +-eps; the sphere for L2), clipped to [0, 1] (a clipped point stays in
+    the ball)."""
+    uniform_key, boundary_key = jax.random.split(key)
     shape = (count // 2,) + x.shape
-    uniform = jax.random.uniform(uniform_key, shape, minval=-eps, maxval=eps)
-    vertices = eps * jax.random.rademacher(vertex_key, shape, dtype=jnp.float32)
-    return jnp.clip(x[None] + jnp.concatenate([uniform, vertices]), 0.0, 1.0)
+    if norm == "linf":
+        inside = jax.random.uniform(uniform_key, shape, minval=-eps, maxval=eps)
+        boundary = eps * jax.random.rademacher(boundary_key, shape, dtype=jnp.float32)
+    else:
+        directions = jax.random.normal(boundary_key, shape)
+        axes = tuple(range(1, directions.ndim))
+        boundary = eps * directions / jnp.sqrt(jnp.sum(directions**2, axis=axes, keepdims=True))
+        inside = boundary * jax.random.uniform(uniform_key, (count // 2,) + (1,) * x.ndim) ** (1 / x[0].size)
+    return jnp.clip(x[None] + jnp.concatenate([inside, boundary]), 0.0, 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +82,18 @@ def test_bounds_contain_every_sampled_logit_and_crown_is_no_looser_than_ibp(tiny
     zero = certify.logit_bounds(clf, x, 0.0, method="crown")
     np.testing.assert_allclose(zero.lower, clf(x), atol=1e-5)
     np.testing.assert_allclose(zero.upper, clf(x), atol=1e-5)
+
+
+def test_l2_bounds_contain_every_sampled_logit_and_are_tighter_than_the_box_around_the_ball(tiny_case):
+    clf, x = tiny_case
+    eps = 0.3
+    logits = jax.vmap(clf)(points_in_ball(x, eps, 10_000, jax.random.key(3), norm="l2"))
+    box = certify.logit_bounds(clf, x, eps, method="crown")
+    for method in ("ibp", "crown-ibp", "crown"):
+        bounds = certify.logit_bounds(clf, x, eps, method=method, norm="l2")
+        assert bool(jnp.all(logits >= bounds.lower - 1e-5)) and bool(jnp.all(logits <= bounds.upper + 1e-5))
+    assert bool(jnp.all(bounds.lower >= box.lower - 1e-5)) and bool(jnp.all(bounds.upper <= box.upper + 1e-5))
+    assert float(jnp.sum(bounds.upper - bounds.lower)) < float(jnp.sum(box.upper - box.lower))
 
 
 @pytest.mark.parametrize("method", ["ibp", "crown"])
@@ -139,12 +159,13 @@ def ibp_reference(layers, lower, upper):
     return bounds
 
 
-def crown_reference(layers, lower, upper, spec, full=True):
+def crown_reference(layers, lower, upper, spec, full=True, ball=None):
     """CROWN (Zhang et al. 2018, Theorem 3.2) on explicit matrices z_k = W_k a_{k-1} + b_k,
     a_k = relu(z_k), a_0 = x in [lower, upper]: the lower and upper bounds of spec @ z_L,
     with every pre-activation bounded the same way first (``full``) or by IBP (CROWN-IBP);
     lower slopes adaptive (1 when u > -l); every bound intersected with IBP's, as
-    robustjax documents."""
+    robustjax documents. ``ball`` (centre, eps): an L2 ball inside the box, where a linear
+    bound a.x is also bounded by a.centre - eps |a|_2."""
     intervals = ibp_reference(layers, lower, upper)
     pre_bounds = [] if full else intervals
 
@@ -163,6 +184,8 @@ def crown_reference(layers, lower, upper, spec, full=True):
             offset = offset + negative @ np.where(unstable, -slope_up * lo, 0)
             a = positive * slope_low + negative * slope_up
         crown = offset + np.maximum(a, 0) @ lower + np.minimum(a, 0) @ upper
+        if ball is not None:
+            crown = np.maximum(crown, offset + a @ ball[0] - ball[1] * np.linalg.norm(a, axis=1))
         ibp_lower, ibp_upper = intervals[k]
         return np.maximum(crown, np.maximum(rows, 0) @ ibp_lower + np.minimum(rows, 0) @ ibp_upper)
 
@@ -172,27 +195,29 @@ def crown_reference(layers, lower, upper, spec, full=True):
     return lower_bound(len(layers) - 1, spec), -lower_bound(len(layers) - 1, -spec)
 
 
-@pytest.mark.parametrize("eps", [0.05, 0.2])
-def test_crown_equals_a_dense_matrix_crown_and_ibp_a_dense_ibp(eps):
+@pytest.mark.parametrize("eps, norm", [(0.05, "linf"), (0.2, "linf"), (0.4, "l2")])
+def test_crown_equals_a_dense_matrix_crown_and_ibp_a_dense_ibp(eps, norm):
     clf, layers = dense_network()
     x = np.random.default_rng(3).uniform(0, 1, (4, 4, 4, 1)).astype(np.float32)
-    crown = certify.logit_bounds(clf, x, eps, method="crown")
-    crown_ibp = certify.logit_bounds(clf, x, eps, method="crown-ibp")
-    ibp = certify.logit_bounds(clf, x, eps, method="ibp")
+    crown = certify.logit_bounds(clf, x, eps, method="crown", norm=norm)
+    crown_ibp = certify.logit_bounds(clf, x, eps, method="crown-ibp", norm=norm)
+    ibp = certify.logit_bounds(clf, x, eps, method="ibp", norm=norm)
     for i, image in enumerate(x.reshape(4, -1).astype(np.float64)):
         lower, upper = np.clip(image - eps, 0, 1), np.clip(image + eps, 0, 1)
+        ball = (image, eps) if norm == "l2" else None
         for bounds, full in ((crown, True), (crown_ibp, False)):
-            expected = crown_reference(layers, lower, upper, np.eye(3), full)
+            expected = crown_reference(layers, lower, upper, np.eye(3), full, ball)
             np.testing.assert_allclose(bounds.lower[i], expected[0], rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(bounds.upper[i], expected[1], rtol=1e-4, atol=1e-4)
         low, up = ibp_reference(layers, lower, upper)[-1]
         np.testing.assert_allclose(ibp.lower[i], low, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(ibp.upper[i], up, rtol=1e-4, atol=1e-4)
     y = np.asarray(jnp.argmax(clf(x), axis=1))
-    margins = certify.margin_lower_bounds(clf, x, y, eps, method="crown")
+    margins = certify.margin_lower_bounds(clf, x, y, eps, method="crown", norm=norm)
     for i, image in enumerate(x.reshape(4, -1).astype(np.float64)):
         spec = np.eye(3)[y[i]][None] - np.eye(3)
-        expected = crown_reference(layers, np.clip(image - eps, 0, 1), np.clip(image + eps, 0, 1), spec)[0]
+        ball = (image, eps) if norm == "l2" else None
+        expected = crown_reference(layers, np.clip(image - eps, 0, 1), np.clip(image + eps, 0, 1), spec, True, ball)[0]
         np.testing.assert_allclose(margins[i], expected, rtol=1e-4, atol=1e-4)
 
 
@@ -234,6 +259,10 @@ def test_bad_input_is_refused_with_one_clear_line(tiny_case):
     clf, x = tiny_case
     with pytest.raises(ValueError, match="eps=1 covers the whole"):
         certify.logit_bounds(clf, x, 1.0)
+    with pytest.raises(ValueError, match=r"eps=6 covers the whole \[0, 1\] image box \(l2 diameter 6\)"):
+        certify.logit_bounds(clf, x, 6.0, norm="l2")
+    with pytest.raises(ValueError, match="norm"):
+        certify.logit_bounds(clf, x, 0.1, norm="l1")
     with pytest.raises(ValueError, match="eps"):
         certify.logit_bounds(clf, x, -0.1)
     with pytest.raises(ValueError, match="method"):

@@ -17,7 +17,8 @@ from robustjax.sweep import Sweep, export, open_store, run_local
 from robustjax.sweep.store import worker_id
 
 PLAN = {"batch_size": 8, "num_examples": 16, "seed": 3,
-        "attacks": [{"name": "pgd", "eps": [0.01, 0.05], "steps": 10}],
+        "attacks": [{"name": "pgd", "eps": [0.01, 0.05], "steps": 10}, {"name": "pgd", "norm": "l2", "eps": 0.3,
+                                                                        "steps": 10}],
         "certify": {"bounds": ["ibp", "crown"], "sigma": 0.25, "n0": 20, "n": 200, "radii": [0.0, 0.2]},
         "proxies": {"names": ["jacobian_norm", "ntk_condition_number"]}}
 
@@ -33,19 +34,22 @@ def test_evaluate_reports_the_bounds_of_the_library_and_the_interval_they_make_w
 
     verified = {}
     for entry in section["bounds"]:
-        mask = np.asarray(certify.verified(clf, x, y, entry["eps"], method=entry["method"]))
-        verified.setdefault(entry["eps"], []).append(mask)
+        mask = np.asarray(certify.verified(clf, x, y, entry["eps"], method=entry["method"], norm=entry["norm"]))
+        verified.setdefault((entry["norm"], entry["eps"]), []).append(mask)
         assert entry["verified_accuracy"] == pytest.approx(mask.mean())
-    attacked = {entry["params"]["eps"]: entry["robust_accuracy"] for entry in report["attacks"]}
+    assert {entry["norm"] for entry in section["bounds"]} == {"linf", "l2"}
+    attacked = {(entry["params"]["norm"], entry["params"]["eps"]): entry["robust_accuracy"]
+                for entry in report["attacks"]}
     for interval in section["intervals"]:
-        either = np.logical_or.reduce(verified[interval["eps"]])
+        budget = (interval["norm"], interval["eps"])
+        either = np.logical_or.reduce(verified[budget])
         assert interval["certified"] == pytest.approx(either.mean())
-        assert interval["attacked"] == attacked[interval["eps"]]
+        assert interval["attacked"] == attacked[budget]
         assert interval["certified"] <= interval["attacked"] and interval["contradictions"] == 0
         assert interval["width"] == pytest.approx(interval["attacked"] - interval["certified"])
     # the bounds differ and the interval is not trivial, so the checks above can tell them apart
     assert len({e["verified_accuracy"] for e in section["bounds"]}) > 1
-    assert 0 < section["intervals"][-1]["certified"] < section["intervals"][-1]["attacked"]
+    assert 0 < section["intervals"][1]["certified"] < section["intervals"][1]["attacked"]
 
     radii = PLAN["certify"]["radii"]
     expected = []
@@ -88,7 +92,8 @@ def test_a_sweep_exports_the_certified_columns_each_network_gets_alone(tmp_path)
     ({"sigma": 0.25, "alpha": 0, "bounds": []}, r"certify.alpha must be in \(0, 1\)"),
     ({"eps": [1.0]}, r"certify.eps must be numbers in \[0, 1\) \(eps >= 1 covers the whole image box"),
     ({"bounds": ["lp"], "eps": [0.1]}, "certify.bounds must be one of"),
-    ({"bounds": ["crown"]}, "certify.bounds need an eps: set certify.eps, or add an L-infinity attack"),
+    ({"bounds": ["crown"]}, r"certify.bounds need an eps: set certify.eps \(or l2_eps\)"),
+    ({"l2_eps": [-1]}, "certify.l2_eps must be numbers >= 0"),
     ({"bounds": []}, r"\[certify\] certifies nothing"),
     ({"sigmas": 0.25}, "did you mean 'sigma'"),
     ({"sigma": 0.25, "radii": [-0.5], "bounds": []}, "certify.radii must be numbers >= 0"),
@@ -98,8 +103,9 @@ def test_bad_certify_tables_are_refused_with_one_clear_line(table, message):
         plan_from_dict({"certify": table})
 
 
-def test_the_bounds_default_to_the_eps_of_the_linf_attacks():
+def test_the_bounds_default_to_the_eps_of_the_attacks_in_each_norm():
     plan = plan_from_dict({"attacks": [{"name": "pgd", "eps": [0.1, 0.03]}, {"name": "fgsm", "eps": 0.1},
                                        {"name": "pgd", "norm": "l2", "eps": 0.5}], "certify": {}})
-    assert plan.certify_eps() == (0.03, 0.1)
-    assert [item.labels for item in rj.evaluation.items.certify_items(plan)] == [("crown eps=0.03", "crown eps=0.1")]
+    assert plan.certify_eps() == {"linf": (0.03, 0.1), "l2": (0.5,)}
+    assert [item.labels for item in rj.evaluation.items.certify_items(plan)] == [
+        ("crown eps=0.03", "crown eps=0.1"), ("crown l2 eps=0.5",)]

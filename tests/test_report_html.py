@@ -65,7 +65,7 @@ def full_report() -> dict:
             "sanity": {"enabled": True, "num_examples": 32, "steps": 10, "restarts": 4, "eps": None, "grid": 8},
             "natural_shift": {"datasets": ["imagenet-a", "cifar10-c"], "ood": ["folder:/ood"], "data_dir": None,
                               "corruptions": names, "severities": [1, 2], "num_examples": None, "image_size": None},
-            "certify": {"bounds": ["ibp", "crown"], "eps": None, "sigma": 0.25, "radii": [0.0, 0.5], "n0": 100,
+            "certify": {"bounds": ["ibp", "crown"], "eps": None, "l2_eps": None, "sigma": 0.25, "radii": [0.0, 0.5], "n0": 100,
                         "n": 10000, "alpha": 0.001, "rows_per_pass": 256, "draws_per_pass": 64},
             "proxies": {"names": ["jacobian_norm", "ntk_condition_number"], "iterations": 20}}
     calibration = {"rms_calibration_error": 0.1, "expected_calibration_error": 0.08, "aurra": 0.7}
@@ -135,7 +135,8 @@ def full_report() -> dict:
         "natural_shift": {"status": "ok", "settings": plan["natural_shift"], "results": shift_entries, "failed": [],
                           "timing": {"wall_s": 1.0, "compile_s": 0.5}},
         "certified": {"status": "ok", **plan["certify"], "eps": [0.05, 0.1],
-                      "bounds": [{"method": m, "eps": e, "verified_accuracy": v}
+                      "l2_eps": [],
+                      "bounds": [{"method": m, "norm": "linf", "eps": e, "verified_accuracy": v}
                                  for m, e, v in (("ibp", 0.05, 0.1), ("ibp", 0.1, 0.0), ("crown", 0.05, 0.6),
                                                  ("crown", 0.1, 0.2))],
                       "intervals": [{"norm": "linf", "eps": e, "certified": c, "attacked": a, "width": a - c,

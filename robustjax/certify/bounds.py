@@ -1,5 +1,5 @@
-"""Certified bounds on a classifier's logits over the L-infinity ball of ``eps`` around each
-image (intersected with the [0, 1] box), and the verified robust accuracy they give.
+"""Certified bounds on a classifier's logits over the L-infinity (or L2) ball of ``eps`` around
+each image (intersected with the [0, 1] box), and the verified robust accuracy they give.
 
 - **IBP**, interval bound propagation (Gowal et al., "On the Effectiveness of Interval Bound
   Propagation for Training Verifiably Robust Models", 2018): every value carries an
@@ -47,6 +47,7 @@ from robustjax.checks import (
 )
 
 METHODS = ("ibp", "crown-ibp", "crown")
+NORMS = ("linf", "l2")
 
 
 class Bounds(NamedTuple):
@@ -58,29 +59,33 @@ class Bounds(NamedTuple):
 
 def logit_bounds(
     classifier, x: Float[Array, "b h w c"], eps: float, *, method: Literal["ibp", "crown-ibp", "crown"] = "crown",
-    rows_per_pass: int = 256,
+    norm: Literal["linf", "l2"] = "linf", rows_per_pass: int = 256,
 ) -> Bounds:
-    """Bounds on every logit over the images within ``eps`` (L-infinity) of ``x`` and in [0, 1].
+    """Bounds on every logit over the images within ``eps`` of ``x`` in ``norm`` and in [0, 1].
 
-    ``rows_per_pass``: how many neurons CROWN bounds at once (memory against speed).
+    An L2 ball lies in the L-infinity ball of the same radius, which IBP bounds; CROWN
+    evaluates its linear bounds on the L2 ball itself (``a . x - eps ||a||_2``), and on the
+    box when that is tighter. ``rows_per_pass``: how many neurons CROWN bounds at once
+    (memory against speed).
     """
-    x = _check(classifier, x, None, eps, method, rows_per_pass)
+    x = _check(classifier, x, None, eps, method, norm, rows_per_pass)
     eye = jnp.broadcast_to(jnp.eye(classifier.num_classes), (x.shape[0],) + (classifier.num_classes,) * 2)
     if method == "ibp":
         return Bounds(*_ibp_logits(classifier, x, eps))
-    return _crown_specs(classifier, x, eps, eye, rows_per_pass, method == "crown")
+    return _crown_specs(classifier, x, eps, eye, rows_per_pass, method == "crown", norm)
 
 
 def margin_lower_bounds(
     classifier, x: Float[Array, "b h w c"], y: Int[Array, " b"], eps: float, *,
-    method: Literal["ibp", "crown-ibp", "crown"] = "crown", rows_per_pass: int = 256,
+    method: Literal["ibp", "crown-ibp", "crown"] = "crown", norm: Literal["linf", "l2"] = "linf",
+    rows_per_pass: int = 256,
 ) -> Float[Array, "b k"]:
     """Lower bounds on the margins ``z_y - z_j`` for every class j (0 at j = y).
 
     IBP subtracts the logits' intervals, ``l_y - u_j``; CROWN bounds each margin as one
     linear function of the logits, which is tighter.
     """
-    x = _check(classifier, x, y, eps, method, rows_per_pass)
+    x = _check(classifier, x, y, eps, method, norm, rows_per_pass)
     y = jnp.asarray(y, jnp.int32)
     if method == "ibp":
         lower, upper = _ibp_logits(classifier, x, eps)
@@ -88,28 +93,31 @@ def margin_lower_bounds(
         return jnp.where(jax.nn.one_hot(y, classifier.num_classes) > 0, 0.0, margins)
     onehot = jax.nn.one_hot(y, classifier.num_classes)
     specs = onehot[:, None, :] - jnp.eye(classifier.num_classes)[None]
-    return _crown_specs(classifier, x, eps, specs, rows_per_pass, method == "crown").lower
+    return _crown_specs(classifier, x, eps, specs, rows_per_pass, method == "crown", norm).lower
 
 
 def verified(
     classifier, x: Float[Array, "b h w c"], y: Int[Array, " b"], eps: float, *,
-    method: Literal["ibp", "crown-ibp", "crown"] = "crown", rows_per_pass: int = 256,
+    method: Literal["ibp", "crown-ibp", "crown"] = "crown", norm: Literal["linf", "l2"] = "linf",
+    rows_per_pass: int = 256,
 ) -> Bool[Array, " b"]:
     """Whether every image within ``eps`` of ``x[i]`` is classified ``y[i]``: each margin's
     lower bound is positive. The verified accuracy is its mean, a lower bound on the robust
     accuracy any attack can measure."""
-    margins = margin_lower_bounds(classifier, x, y, eps, method=method, rows_per_pass=rows_per_pass)
+    margins = margin_lower_bounds(classifier, x, y, eps, method=method, norm=norm, rows_per_pass=rows_per_pass)
     others = jax.nn.one_hot(jnp.asarray(y), classifier.num_classes) == 0
     return jnp.all(jnp.where(others, margins > 0, True), axis=1)
 
 
-def _check(classifier, x, y, eps, method, rows_per_pass) -> jax.Array:
+def _check(classifier, x, y, eps, method, norm, rows_per_pass) -> jax.Array:
     check_choice(method, METHODS, "method")
+    check_choice(norm, NORMS, "norm")
     check_positive_int(rows_per_pass, "rows_per_pass")
     eps = check_nonnegative_float(eps, "eps")
-    if eps >= 1.0:
-        raise ValueError(f"eps={eps:g} covers the whole [0, 1] image box: every image is within it of every "
-                         "other, so no bound can certify anything; pass eps < 1")
+    diameter = 1.0 if norm == "linf" else math.sqrt(math.prod(classifier.input_shape))
+    if eps >= diameter:
+        raise ValueError(f"eps={eps:g} covers the whole [0, 1] image box ({norm} diameter {diameter:g}): every "
+                         f"image is within it of every other, so no bound can certify anything; pass eps < {diameter:g}")
     if classifier.is_randomized:
         raise ValueError(f"{classifier.name} is randomized: its logits change from call to call and have no "
                          "deterministic bounds; certify it with robustjax.certify.smoothing")
@@ -167,17 +175,34 @@ def _linear_operand(name: str, position: int, value, *, absolute: bool):
 
 # --- CROWN ----------------------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=("rows_per_pass", "full"))
-def _crown_specs(classifier, x, eps, specs, rows_per_pass, full):
+class _Ball(NamedTuple):
+    """The perturbation set: the ``norm`` ball of radius ``eps`` around ``centre``, in [0, 1]."""
+
+    centre: jax.Array
+    eps: jax.Array
+    norm: str
+
+    def lowest(self, a: jax.Array, box: tuple[jax.Array, jax.Array]) -> jax.Array:
+        """The minimum of ``a . x`` over the set, or below it: over the ``box`` around the
+        set, and for an L2 ball over the ball too, whichever is higher."""
+        lower, upper = box
+        over_box = jnp.sum(jnp.maximum(a, 0) * lower + jnp.minimum(a, 0) * upper)
+        if self.norm == "linf":
+            return over_box
+        return jnp.maximum(over_box, jnp.sum(a * self.centre) - self.eps * jnp.sqrt(jnp.sum(a * a)))
+
+
+@functools.partial(jax.jit, static_argnames=("rows_per_pass", "full", "norm"))
+def _crown_specs(classifier, x, eps, specs, rows_per_pass, full, norm):
     """Lower and upper bounds of ``specs[i] . logits`` for each image i; specs (B, S, K).
     ``full``: CROWN bounds the relaxed steps' inputs too (else IBP does: CROWN-IBP)."""
     def one(image, spec):
         tape = trace(classifier, (1,) + image.shape, "CROWN")
-        lower, upper = _box(image[None], eps)
-        intervals = interval_propagation(tape, lower, upper)
-        bounds = _intermediate_bounds(tape, intervals, rows_per_pass) if full else intervals
+        ball = _Ball(image[None], eps, norm)
+        intervals = interval_propagation(tape, *_box(image[None], eps))
+        bounds = _intermediate_bounds(tape, intervals, ball, rows_per_pass) if full else intervals
         rows = jnp.concatenate([spec, -spec])[:, None, :]
-        lowers = _lower_bounds(tape, bounds, tape.output, rows, rows_per_pass)
+        lowers = _lower_bounds(tape, bounds, ball, tape.output, rows, rows_per_pass)
         logits_lower, logits_upper = intervals[tape.output]
         ibp = jnp.sum(jnp.maximum(rows, 0) * logits_lower + jnp.minimum(rows, 0) * logits_upper, axis=(1, 2))
         lowers = jnp.maximum(lowers, ibp)
@@ -186,7 +211,7 @@ def _crown_specs(classifier, x, eps, specs, rows_per_pass, full):
     return Bounds(*jax.vmap(one)(x, specs))
 
 
-def _intermediate_bounds(tape: Tape, intervals: dict[int, tuple], rows_per_pass) -> dict[int, tuple]:
+def _intermediate_bounds(tape: Tape, intervals: dict[int, tuple], ball: _Ball, rows_per_pass) -> dict[int, tuple]:
     """Bounds of every value a relaxed step reads (CROWN, one pass per neuron) and of
     every relaxed step's output (its monotone image), each intersected with its IBP
     ``intervals``: both are sound, so the intersection is, and CROWN is never looser."""
@@ -200,7 +225,7 @@ def _intermediate_bounds(tape: Tape, intervals: dict[int, tuple], rows_per_pass)
             if source not in bounds:
                 size = math.prod(shapes[source])
                 rows = jnp.eye(size).reshape((size,) + shapes[source])
-                lowers = _lower_bounds(tape, bounds, source, jnp.concatenate([rows, -rows]), rows_per_pass)
+                lowers = _lower_bounds(tape, bounds, ball, source, jnp.concatenate([rows, -rows]), rows_per_pass)
                 bounds[source] = _intersect((lowers[:size].reshape(shapes[source]),
                                              -lowers[size:].reshape(shapes[source])), intervals[source])
         ends = {p: bounds[step.inputs[p]] for p in step.bounded()}
@@ -214,8 +239,8 @@ def _intersect(bounds, other):
     return jnp.maximum(bounds[0], other[0]), jnp.minimum(bounds[1], other[1])
 
 
-def _lower_bounds(tape: Tape, bounds, target: int, rows, rows_per_pass) -> jax.Array:
-    """CROWN's lower bound of ``row . value[target]`` for each of ``rows``."""
+def _lower_bounds(tape: Tape, bounds, ball: _Ball, target: int, rows, rows_per_pass) -> jax.Array:
+    """CROWN's lower bound of ``row . value[target]`` over ``ball`` for each of ``rows``."""
     shapes = _shapes(tape)
     upto = next(i for i, s in enumerate(tape.steps) if s.output == target) + 1 if target != IMAGE else 0
 
@@ -234,9 +259,7 @@ def _lower_bounds(tape: Tape, bounds, target: int, rows, rows_per_pass) -> jax.A
             for p, g in inputs.items():
                 source = step.inputs[p]
                 coefficients[source] = coefficients[source] + g if source in coefficients else g
-        a = coefficients.get(IMAGE, jnp.zeros(shapes[IMAGE]))
-        lower, upper = bounds[IMAGE]
-        return offset + jnp.sum(jnp.maximum(a, 0) * lower + jnp.minimum(a, 0) * upper)
+        return offset + ball.lowest(coefficients.get(IMAGE, jnp.zeros(shapes[IMAGE])), bounds[IMAGE])
 
     return jax.lax.map(lower_bound, rows, batch_size=rows_per_pass)
 

@@ -201,11 +201,13 @@ def system_noise_item(plan: Plan, variant: noise.system.SystemNoiseVariant) -> I
     return Item("system_noise", settings, (f"{variant.decoder}+{variant.resize}",))
 
 
-def bound_item(plan: Plan, method: str) -> Item:
-    """The item of ``[certify]``'s bound ``method`` at every one of its eps: per example,
-    verified (every image within eps classified correctly, ``certify.bounds.verified``)."""
-    eps = plan.certify_eps()
-    return Item("bound", {"method": method, "eps": list(eps)}, tuple(f"{method} eps={e:g}" for e in eps))
+def bound_item(plan: Plan, method: str, norm: str) -> Item:
+    """The item of ``[certify]``'s bound ``method`` at every one of its eps in ``norm``: per
+    example, verified (every image within eps classified correctly, ``certify.bounds.verified``)."""
+    eps = plan.certify_eps()[norm]
+    named = "" if norm == "linf" else f" {norm}"
+    return Item("bound", {"method": method, "norm": norm, "eps": list(eps)},
+                tuple(f"{method}{named} eps={e:g}" for e in eps))
 
 
 def smoothing_item(plan: Plan) -> Item:
@@ -217,10 +219,12 @@ def smoothing_item(plan: Plan) -> Item:
 
 
 def certify_items(plan: Plan) -> list[Item]:
-    """The ``[certify]`` table's items: one per bound method, and smoothing when it has a sigma."""
+    """The ``[certify]`` table's items: one per norm with eps and bound method, and smoothing
+    when it has a sigma."""
     if plan.certify is None:
         return []
-    return ([bound_item(plan, method) for method in plan.certify.bounds]
+    norms = [norm for norm, eps in plan.certify_eps().items() if eps]
+    return ([bound_item(plan, method, norm) for norm in norms for method in plan.certify.bounds]
             + ([smoothing_item(plan)] if plan.certify.sigma is not None else []))
 
 
@@ -298,13 +302,14 @@ def _attack_records(run: AttackRun, axes: Any, sequential: bool, classifier: Cla
     return over_networks(one, classifier.params, axes, sequential)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _verified(method: str, eps: tuple[float, ...], rows_per_pass: int, axes: Any, sequential: bool,
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
+def _verified(method: str, norm: str, eps: tuple[float, ...], rows_per_pass: int, axes: Any, sequential: bool,
               classifier: Classifier, x: jax.Array, y: jax.Array) -> jax.Array:
-    """(networks, eps, batch): each example verified by ``method`` at each eps, every network."""
+    """(networks, eps, batch): each example verified by ``method`` at each ``norm`` eps, every network."""
     def one(params):
         network = classifier.replace(params=params)
-        return jnp.stack([bounds.verified(network, x, y, e, method=method, rows_per_pass=rows_per_pass) for e in eps])
+        return jnp.stack([bounds.verified(network, x, y, e, method=method, norm=norm, rows_per_pass=rows_per_pass)
+                          for e in eps])
 
     return over_networks(one, classifier.params, axes, sequential)
 
@@ -514,8 +519,8 @@ class ItemRunner:
         run, parts = self.plan.certify, []
         for b, (x, y, mask) in enumerate(step.track(self.batches)):
             if item.kind == "bound":
-                outcome = to_host(_verified(item.settings["method"], tuple(item.settings["eps"]), run.rows_per_pass,
-                                            axes, sequential, classifier, x, y))
+                outcome = to_host(_verified(item.settings["method"], item.settings["norm"], tuple(item.settings["eps"]),
+                                            run.rows_per_pass, axes, sequential, classifier, x, y))
             else:
                 key = jax.random.fold_in(jax.random.fold_in(self.seed_key, SMOOTHING_STREAM), b)
                 select, estimate = jax.random.split(key)

@@ -61,8 +61,9 @@ A plan file is TOML or JSON::
     checkpoint_every = 100    # steps between the checkpoints a killed training resumes from
 
     [certify]                 # optional: certified lower bounds beside the attacks' upper bounds
-    bounds = ["crown"]        # verified accuracy by "ibp" and/or "crown" (robustjax.certify.bounds)
+    bounds = ["crown"]        # verified accuracy by "ibp", "crown-ibp", "crown" (robustjax.certify.bounds)
     eps = [0.01, 0.03]        # their L-infinity eps (default: the eps of the plan's Linf attacks)
+    l2_eps = [0.5]            # their L2 eps (default: the eps of the plan's L2 attacks)
     sigma = 0.25              # optional: randomized smoothing with this noise (certify.smoothing)
     radii = [0.25, 0.5]       # the smoothed classifier's certified accuracy at these L2 radii
     n0 = 100                  # smoothing's selection draws, estimation draws and level
@@ -262,14 +263,16 @@ class SanityRun:
 @dataclasses.dataclass(frozen=True)
 class CertifyRun:
     """Certified lower bounds on robust accuracy (``robustjax.certify``): the verified
-    accuracy of each of ``bounds`` ("ibp", "crown") at each L-infinity ``eps`` (None: the
-    eps of the plan's L-infinity attacks), and, when ``sigma`` is set, the certified
+    accuracy of each of ``bounds`` ("ibp", "crown-ibp", "crown") at each L-infinity ``eps``
+    and L2 ``l2_eps`` (None: the eps of the plan's attacks in that norm), and, when
+    ``sigma`` is set, the certified
     accuracy of the Gaussian-smoothed classifier (Cohen et al.'s CERTIFY with ``n0``,
     ``n`` and ``alpha``) at each L2 radius of ``radii``. ``rows_per_pass`` and
     ``draws_per_pass`` trade memory for speed and change no outcome."""
 
     bounds: tuple[str, ...] = ("crown",)
     eps: tuple[float, ...] | None = None
+    l2_eps: tuple[float, ...] | None = None
     sigma: float | None = None
     radii: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     n0: int = 100
@@ -287,6 +290,9 @@ class CertifyRun:
             if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1:
                 raise ValueError(f"plan: certify.eps must be numbers in [0, 1) (eps >= 1 covers the whole image "
                                  f"box and certifies nothing), got {eps!r}")
+        for eps in self.l2_eps or ():
+            if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps >= 0:
+                raise ValueError(f"plan: certify.l2_eps must be numbers >= 0, got {eps!r}")
         if self.sigma is not None and (isinstance(self.sigma, bool) or not isinstance(self.sigma, int | float)
                                        or not self.sigma > 0):
             raise ValueError(f"plan: certify.sigma must be a number > 0, got {self.sigma!r}")
@@ -304,7 +310,8 @@ class CertifyRun:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self) | {"bounds": list(self.bounds), "radii": list(self.radii),
-                                           "eps": None if self.eps is None else list(self.eps)}
+                                           **{key: None if getattr(self, key) is None else list(getattr(self, key))
+                                              for key in ("eps", "l2_eps")}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,21 +428,27 @@ class Plan:
         check_choice(self.precision, PRECISIONS, "plan: precision")
         if self.corruptions is not None and self.corruptions.baseline == REFERENCE_BASELINE and self.reference is None:
             raise ValueError('plan: corruptions.baseline = "reference" needs a reference model: set metrics.reference')
-        if self.certify is not None and self.certify.bounds and not self.certify_eps():
-            raise ValueError("plan: certify.bounds need an eps: set certify.eps, or add an L-infinity attack")
+        if self.certify is not None and self.certify.bounds and not any(self.certify_eps().values()):
+            raise ValueError("plan: certify.bounds need an eps: set certify.eps (or l2_eps), or add an L-infinity "
+                             "or L2 attack")
         if self.metrics is not None and _source_entry(self.runs, self.metrics.attack) is None:
             # the metrics read an attack entry's examples: theirs becomes the last entry
             attack = self.metrics.attack
             object.__setattr__(self, "runs", (*self.runs, AttackRun(attack, (attack.eps,) if hasattr(attack, "eps")
                                                                     else ())))
 
-    def certify_eps(self) -> tuple[float, ...]:
-        """The L-infinity eps the ``[certify]`` bounds run at: its own, or every eps of the
-        plan's L-infinity attack entries, in increasing order."""
-        if self.certify is None or self.certify.eps is not None:
-            return () if self.certify is None else tuple(self.certify.eps)
-        return tuple(sorted({float(params["eps"]) for run in self.runs for params in run.entries()
-                             if params.get("norm", "linf") == "linf" and params.get("eps") is not None}))
+    def certify_eps(self) -> dict[str, tuple[float, ...]]:
+        """Per norm ("linf", "l2"), the eps the ``[certify]`` bounds run at: the table's own
+        (``eps``, ``l2_eps``), or every eps of the plan's attack entries in that norm, in
+        increasing order."""
+        def attacked(norm: str) -> tuple[float, ...]:
+            return tuple(sorted({float(params["eps"]) for run in self.runs for params in run.entries()
+                                 if params.get("norm", "linf") == norm and params.get("eps") is not None}))
+
+        if self.certify is None:
+            return {"linf": (), "l2": ()}
+        own = {"linf": self.certify.eps, "l2": self.certify.l2_eps}
+        return {norm: attacked(norm) if eps is None else tuple(eps) for norm, eps in own.items()}
 
     @property
     def reference(self) -> str | None:
@@ -656,7 +669,7 @@ def _certify_run(raw) -> CertifyRun:
         raise ValueError(f"plan: 'certify' must be a table, got {raw!r}")
     _check_keys(raw, {f.name for f in dataclasses.fields(CertifyRun)}, "[certify]")
     fields = dict(raw)
-    for key in ("bounds", "eps", "radii"):
+    for key in ("bounds", "eps", "l2_eps", "radii"):
         if key in fields:
             value = fields[key]
             value = [value] if isinstance(value, str | int | float) and not isinstance(value, bool) else value

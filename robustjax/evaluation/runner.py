@@ -395,42 +395,47 @@ def system_noise_section(runner: ItemRunner, classifier: Classifier, plan: Plan,
 def certified_section(runner: ItemRunner, classifier: Classifier, plan: Plan,
                       attacked: list[tuple[dict, np.ndarray]], store: ItemStore | None = None,
                       step: Step = UNTRACKED) -> dict:
-    """The ``[certify]`` items: each bound's verified accuracy at each L-infinity eps, and the
-    smoothed classifier's certified accuracy at each L2 radius. Per eps, the ``intervals``
-    hold robust accuracy between its certified lower bound (an example counts when any
-    bound verifies it) and the attacks' upper bound (an example counts when every finished
-    L-infinity attack at that eps failed on it; ``attacked`` pairs each attack section with
-    its examples' host mask of correctness under it); ``contradictions`` counts examples
+    """The ``[certify]`` items: each bound's verified accuracy at each eps (L-infinity and
+    L2), and the smoothed classifier's certified accuracy at each L2 radius. Per norm and
+    eps, the ``intervals`` hold robust accuracy between its certified lower bound (an
+    example counts when any bound verifies it) and the attacks' upper bound (an example
+    counts when every finished attack in that norm at that eps failed on it; ``attacked``
+    pairs each attack section with its examples' host mask of correctness under it);
+    ``contradictions`` counts examples
     verified yet broken by an attack, which sound bounds never give. Smoothing certifies
     the smoothed classifier, not the network the attacks ran on, so it stands apart."""
-    verified: dict[float, list[np.ndarray]] = {}
+    verified: dict[tuple[str, float], list[np.ndarray]] = {}
     bounds, smoothing, seconds = [], None, []
     for item in certify_items(plan):
         records = recorded(store, plan, item, lambda item=item: runner.records(item, classifier, step=step))
         seconds.append(records.section["seconds"])
         outcome = records.arrays["outcome"]
         if item.kind == "bound":
+            norm = item.settings["norm"]
             for eps, row in zip(item.settings["eps"], outcome):
-                verified.setdefault(eps, []).append(row)
-                bounds.append({"method": item.settings["method"], "eps": eps, "verified_accuracy": float(row.mean())})
+                verified.setdefault((norm, eps), []).append(row)
+                bounds.append({"method": item.settings["method"], "norm": norm, "eps": eps,
+                               "verified_accuracy": float(row.mean())})
         else:
             smoothing = {"sigma": item.settings["sigma"], "n0": item.settings["n0"], "n": item.settings["n"],
                          "alpha": item.settings["alpha"],
                          "results": [{"radius": radius, "certified_accuracy": float(row.mean())}
                                      for radius, row in zip(item.settings["radii"], outcome)]}
     intervals = []
-    for eps, rows in verified.items():
+    for (norm, eps), rows in verified.items():
         certified = np.logical_or.reduce(rows)
         at_eps = [(section, mask) for section, mask in attacked
-                  if section["params"].get("norm", "linf") == "linf" and section["params"].get("eps") == eps]
+                  if section["params"].get("norm", "linf") == norm and section["params"].get("eps") == eps]
         robust = np.logical_and.reduce([mask for _, mask in at_eps]) if at_eps else None
         intervals.append({
-            "norm": "linf", "eps": eps, "certified": float(certified.mean()),
+            "norm": norm, "eps": eps, "certified": float(certified.mean()),
             "attacked": None if robust is None else float(robust.mean()),
             "width": None if robust is None else float(robust.mean() - certified.mean()),
             "attacks": [section["name"] for section, _ in at_eps],
             "contradictions": None if robust is None else int((certified & ~robust).sum())})
-    return {"status": "ok", **plan.certify.as_dict(), "eps": list(plan.certify_eps()), "bounds": bounds,
+    budgets = plan.certify_eps()
+    return {"status": "ok", **plan.certify.as_dict(), "eps": list(budgets["linf"]), "l2_eps": list(budgets["l2"]),
+            "bounds": bounds,
             "intervals": intervals, "smoothing": smoothing,
             "timing": _total(seconds).as_dict(len(seconds) * num_evaluated(runner.dataset, plan))}
 

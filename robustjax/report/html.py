@@ -305,9 +305,9 @@ def _certified(report: dict, gallery) -> str:
                              "" if e["width"] is None else percent(e["width"]), escape(", ".join(e["attacks"])),
                              "" if e["contradictions"] is None else str(e["contradictions"])]
                             for e in section["intervals"]], numeric={1, 2, 3, 4, 6}))
-        parts.append(table(["bound", "eps", "verified accuracy"],
-                           [[escape(e["method"]), number(e["eps"]), percent(e["verified_accuracy"])]
-                            for e in section["bounds"]], numeric={1, 2}))
+        parts.append(table(["bound", "norm", "eps", "verified accuracy"],
+                           [[escape(e["method"]), escape(e["norm"]), number(e["eps"]), percent(e["verified_accuracy"])]
+                            for e in section["bounds"]], numeric={2, 3}))
     if (smoothing := section["smoothing"]) is not None:
         parts.append(f"<p>Randomized smoothing (Cohen et al. 2019), sigma={number(smoothing['sigma'])}, "
                      f"n0={smoothing['n0']}, n={smoothing['n']:,}, alpha={number(smoothing['alpha'])}: the certified "

@@ -127,7 +127,7 @@ def _section_rows(table: Table, part: str, section: dict | None, rows: Callable[
 def _certified_rows(section: dict) -> list[tuple[str, str]]:
     """Verified accuracy per bound and eps (the attacks' rows above are the upper bounds), and
     the smoothed classifier's certified accuracy per radius."""
-    rows = [(f"certified {e['method']} linf eps={_number(e['eps'])}", _percent(e["verified_accuracy"]))
+    rows = [(f"certified {e['method']} {e['norm']} eps={_number(e['eps'])}", _percent(e["verified_accuracy"]))
             for e in section["bounds"]]
     if (smoothing := section["smoothing"]) is not None:
         rows += [(f"certified smoothed sigma={_number(smoothing['sigma'])} l2 r={_number(e['radius'])}",
