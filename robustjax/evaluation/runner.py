@@ -401,9 +401,9 @@ def certified_section(runner: ItemRunner, classifier: Classifier, plan: Plan,
     example counts when any bound verifies it) and the attacks' upper bound (an example
     counts when every finished attack in that norm at that eps failed on it; ``attacked``
     pairs each attack section with its examples' host mask of correctness under it);
-    ``contradictions`` counts examples
-    verified yet broken by an attack, which sound bounds never give. Smoothing certifies
-    the smoothed classifier, not the network the attacks ran on, so it stands apart."""
+    ``contradictions`` counts examples verified yet broken by an attack, which sound bounds
+    never give. Smoothing certifies the smoothed classifier, not the network the attacks
+    ran on, so it stands apart."""
     verified: dict[tuple[str, float], list[np.ndarray]] = {}
     bounds, smoothing, seconds = [], None, []
     for item in certify_items(plan):
