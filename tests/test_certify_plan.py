@@ -103,6 +103,11 @@ def test_bad_certify_tables_are_refused_with_one_clear_line(table, message):
         plan_from_dict({"certify": table})
 
 
+def test_bounds_in_bfloat16_are_refused_as_unsound():
+    with pytest.raises(ValueError, match="certify.bounds need precision"):
+        plan_from_dict({"precision": "bfloat16", "certify": {"eps": [0.1]}})
+
+
 def test_the_bounds_default_to_the_eps_of_the_attacks_in_each_norm():
     plan = plan_from_dict({"attacks": [{"name": "pgd", "eps": [0.1, 0.03]}, {"name": "fgsm", "eps": 0.1},
                                        {"name": "pgd", "norm": "l2", "eps": 0.5}], "certify": {}})

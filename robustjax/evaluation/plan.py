@@ -428,6 +428,9 @@ class Plan:
         check_choice(self.precision, PRECISIONS, "plan: precision")
         if self.corruptions is not None and self.corruptions.baseline == REFERENCE_BASELINE and self.reference is None:
             raise ValueError('plan: corruptions.baseline = "reference" needs a reference model: set metrics.reference')
+        if self.certify is not None and self.certify.bounds and self.precision != "float32":
+            raise ValueError(f"plan: certify.bounds need precision = \"float32\": bounds propagated through "
+                             f"{self.precision} arithmetic are not sound (its rounding is not bounded)")
         if self.certify is not None and self.certify.bounds and not any(self.certify_eps().values()):
             raise ValueError("plan: certify.bounds need an eps: set certify.eps (or l2_eps), or add an L-infinity "
                              "or L2 attack")
