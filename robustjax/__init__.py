@@ -11,7 +11,7 @@ from robustjax.xla_flags import apply_default_flags
 apply_default_flags()  # before JAX creates its backends
 
 __version__ = "0.1.0"
-_SUBPACKAGES = ("attacks", "data", "distributed", "metrics", "nas", "noise", "precision", "training", "zoo")
+_SUBPACKAGES = ("attacks", "certify", "data", "distributed", "metrics", "nas", "noise", "precision", "training", "zoo")
 __all__ = ["Classifier", *_SUBPACKAGES, "__version__"]
 
 

@@ -65,8 +65,9 @@ def logit_bounds(
 
     An L2 ball lies in the L-infinity ball of the same radius, which IBP bounds; CROWN
     evaluates its linear bounds on the L2 ball itself (``a . x - eps ||a||_2``), and on the
-    box when that is tighter. ``rows_per_pass``: how many neurons CROWN bounds at once
-    (memory against speed).
+    box when that is tighter. ``rows_per_pass``: how many neurons CROWN bounds at once per
+    image; all images of ``x`` run together, so memory grows with ``rows_per_pass`` times
+    the batch.
     """
     x = _check(classifier, x, None, eps, method, norm, rows_per_pass)
     eye = jnp.broadcast_to(jnp.eye(classifier.num_classes), (x.shape[0],) + (classifier.num_classes,) * 2)
