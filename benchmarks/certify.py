@@ -42,8 +42,6 @@ the compile time); the peers are timed once. Results: results/certify.BACKEND.js
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import time
 from pathlib import Path
@@ -53,7 +51,7 @@ import numpy as np
 import torch
 
 import robustjax as rj
-from benchmarks.common import RESULTS, machine_facts, timed
+from benchmarks.common import RESULTS, machine_facts, timed, write_json
 from benchmarks.torch_models import digits_cnn_to_torch, to_nchw
 from robustjax import certify
 
@@ -227,13 +225,7 @@ def write_results(name: str, rows: list[dict], facts: dict, settings: dict, out:
         print(f"{row['name']:36s} {row['robustjax_images_per_s']:16.2f} {peer} {row['robustjax_compile_s']:10.2f}")
         if not row.get("peer_available", True):
             print(f"    peer unavailable: {row['peer_reason']}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.{facts['backend']}.json"
-    payload = {"benchmark": name, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-               "machine": facts, "settings": settings, "results": rows}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"written to {path}")
-    return path
+    return write_json(name, rows, facts, settings, out)
 
 
 def parse_arguments() -> argparse.Namespace:

@@ -171,6 +171,11 @@ def report(name: str, rows: list[dict], facts: dict, settings: dict, out: Path) 
               f"{row['ratio']:6.2f} {row['robustjax_compile_s']:10.2f}"
               + (f" {row['robustjax_gflops']:19.1f} {row['peer_gflops']:6.1f} {row['peak_gflops']:6.0f}"
                  if flops else ""))
+    return write_json(name, rows, facts, settings, out)
+
+
+def write_json(name: str, rows: list[dict], facts: dict, settings: dict, out: Path) -> Path:
+    """Writes a benchmark's JSON results to ``out/NAME.BACKEND.json`` and says where."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.{facts['backend']}.json"
     payload = {

@@ -39,8 +39,6 @@ with ``--threads`` threads (default: the machine's cores). Results: results/prox
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import time
 from pathlib import Path
@@ -51,7 +49,7 @@ import torch
 from flax import nnx
 
 import robustjax as rj
-from benchmarks.common import RESULTS, machine_facts, timed
+from benchmarks.common import RESULTS, machine_facts, timed, write_json
 from benchmarks.torch_models import Normalized, to_nchw
 from benchmarks.torch_nb201 import tiny_network
 from robustjax.metrics import proxies as px
@@ -218,13 +216,7 @@ def write(rows: list[dict], facts: dict, settings: dict, out: Path) -> Path:
         difference = f"{r['max_relative_difference']:13.1e}" if "max_relative_difference" in r else f"{'-':>13s}"
         print(f"{r['name']:36s} {r['robustjax_networks_per_hour']:21.0f} {peer} {r['robustjax_compile_s']:10.1f} "
               f"{difference}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"proxies.{facts['backend']}.json"
-    path.write_text(json.dumps({"benchmark": "proxies",
-                                "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                                "machine": facts, "settings": settings, "results": rows}, indent=2) + "\n")
-    print(f"written to {path}")
-    return path
+    return write_json("proxies", rows, facts, settings, out)
 
 
 def parse_arguments() -> argparse.Namespace:
