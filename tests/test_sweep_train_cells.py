@@ -18,8 +18,7 @@ from robustjax.evaluation.items import ItemRunner, expand
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import SanityRun
 from robustjax.nas.population import Population
-from robustjax.nas.trainable import standalone_network, trainable
-from robustjax.sweep import Store, Sweep, export, open_store, run_local
+from robustjax.sweep import Store, Sweep, export, open_store, run_local, trained_cells
 from robustjax.sweep.engine import context
 from robustjax.training import aligned
 
@@ -86,14 +85,13 @@ def test_a_killed_cell_population_resumes_to_the_uninterrupted_weights(swept, tm
     assert f"resuming {first}: step 3/4" in printed
     recipe = aligned("nas_nb201", rj.training.techniques.create("pgd_at"), steps=4, batch_size=16,
                      learning_rate=0.05)
-    whole = rj.training.train_population([trainable(SPACE, c, key=jax.random.key(0), sequential=True) for c in CELLS],
-                                         rj.data.digits("train"), tmp_path, recipe,
+    cells = [rj.zoo.create("nas.nb201_digits", pretrained=False, key=jax.random.key(0), arch=c) for c in CELLS]
+    whole = rj.training.train_population(cells, rj.data.digits("train"), tmp_path, recipe,
                                          rj.training.techniques.create("pgd_at"), seeds=[0, 0], attack_eps=0.2,
-                                         attack_steps=1, sequential=True)  # the layout "auto" takes on the CPU
+                                         attack_steps=1, layout="unrolled")  # the layout "auto" takes on the CPU
     (folder,) = {p.parent.parent for p in (tmp / "s.sqlite.trained").rglob("card.json")}
     assert not (folder / "populations").exists()  # a finished population's checkpoints are gone
-    for cell, network in zip(CELLS, whole.classifiers):
-        expected = standalone_network(SPACE, cell, network)
+    for cell, expected in zip(CELLS, whole.classifiers):
         got = rj.zoo.create("nas.nb201_digits", arch=cell, weights=folder / str(cell))
         jax.tree.map(np.testing.assert_array_equal, got.params, expected.params)
     for i, cell in enumerate(CELLS):
@@ -149,3 +147,13 @@ def test_sweeps_that_cannot_train_cells_are_refused(tmp_path, capsys, extra, mes
     assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "s.sqlite").exists()
 
+
+
+def test_cells_train_in_the_layout_the_sweep_names():
+    """auto on the CPU: each cell at its own shapes, a few to a program; masks: side by side;
+    sequential: in turn; packed (for subnets sharing weights) is not a training layout."""
+    assert jax.default_backend() == "cpu"
+    assert [trained_cells.layout(name) for name in ("auto", "masks", "sequential")] == ["unrolled", "vmap",
+                                                                                       "sequential"]
+    with pytest.raises(ValueError, match="train under layout auto, masks or sequential; got 'packed'"):
+        trained_cells.layout("packed")

@@ -1,7 +1,7 @@
 """Training populations (issue 39): every network of a population trained in one program ends
-with the weights it gets trained alone (robustjax train's loop, same seed and technique); a
-network that diverges stops alone; a killed population resumes bit for bit; populations that
-cannot train as one are refused before anything compiles."""
+with the weights it gets trained alone (robustjax train's loop, same seed and technique), in
+each layout; a network that diverges stops alone; a killed population resumes bit for bit;
+populations that cannot train as one are refused before anything compiles."""
 
 from __future__ import annotations
 
@@ -28,16 +28,26 @@ TECHNIQUES = training.techniques.create("pgd_at")
 ATTACK = dict(attack_eps=0.2, attack_steps=2)
 
 
-def _population(seeds=SEEDS, *, broken: int | None = None, sequential: bool = False) -> list[rj.Classifier]:
-    networks = [trainable(SPACE, cell, key=jax.random.key(seed), sequential=sequential)
-                for cell, seed in zip(CELLS, seeds)]
+def _population(seeds=SEEDS, *, broken: int | None = None, layout: str = "vmap") -> list[rj.Classifier]:
+    """The cells initialised as `robustjax train` initialises them: at their own shapes
+    (layout "unrolled") or in the supernet's (``trainable``)."""
+    if layout == "unrolled":
+        networks = [_standalone(cell, seed) for cell, seed in zip(CELLS, seeds)]
+    else:
+        networks = [trainable(SPACE, cell, key=jax.random.key(seed), sequential=layout == "sequential")
+                    for cell, seed in zip(CELLS, seeds)]
     if broken is not None:  # its classifier's bias infinite: a non-finite loss at the first step
         params = nnx.to_pure_dict(networks[broken].params)
-        params["supernet"]["classifier"]["bias"] = jnp.full_like(params["supernet"]["classifier"]["bias"], jnp.inf)
+        classifier = params["supernet"]["classifier"] if "supernet" in params else params["classifier"]
+        classifier["bias"] = jnp.full_like(classifier["bias"], jnp.inf)
         state = networks[broken].params
         nnx.replace_by_pure_dict(state, params)
         networks[broken] = networks[broken].replace(params=state)
     return networks
+
+
+def _standalone(cell: str, seed: int) -> rj.Classifier:
+    return rj.zoo.create("nas.nb201_digits", pretrained=False, key=jax.random.key(seed), arch=cell)
 
 
 def _train(out, networks, seeds=SEEDS, **options) -> training.PopulationResult:
@@ -54,8 +64,7 @@ def solo(tmp_path_factory) -> list[dict]:
     """Each cell trained alone as `robustjax train` trains it (zoo network, recipe seed)."""
     out = []
     for cell, seed in zip(CELLS, SEEDS):
-        clf = rj.zoo.create("nas.nb201_digits", pretrained=False, key=jax.random.key(seed), arch=cell)
-        result = training.train(clf, rj.data.digits("train"), tmp_path_factory.mktemp("solo"),
+        result = training.train(_standalone(cell, seed), rj.data.digits("train"), tmp_path_factory.mktemp("solo"),
                                 dataclasses.replace(RECIPE, seed=seed), TECHNIQUES, **ATTACK)
         out.append(_weights(result.classifier))
     return out
@@ -82,11 +91,46 @@ def test_each_network_ends_with_its_solo_weights(solo, population):
 def test_one_after_another_each_cell_ends_with_its_solo_weights(tmp_path, solo):
     """The sequential layout (the networks in turn, each edge switching to its op, so each
     cell computes only its own ops): the solo weights to 1e-5 as well."""
-    result = _train(tmp_path, _population(sequential=True), sequential=True)
+    result = _train(tmp_path, _population(layout="sequential"), layout="sequential")
     for i, (cell, expected) in enumerate(zip(CELLS, solo)):
         got = _weights(standalone_network(SPACE, cell, result.classifiers[i]))
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=f"network {i}"),
                      got, expected)
+
+
+@pytest.fixture(scope="module")
+def unrolled(tmp_path_factory) -> training.PopulationResult:
+    return _train(tmp_path_factory.mktemp("unrolled"), _population(layout="unrolled"), layout="unrolled")
+
+
+def test_unrolled_each_cell_at_its_own_shapes_ends_with_its_solo_weights(solo, unrolled):
+    """The unrolled layout (each cell's own step, at its own shapes, in one program): the
+    solo weights to 1e-5, the population's networks being of three different graphs."""
+    assert unrolled.steps == RECIPE.steps and unrolled.stopped == (None, None, None)
+    for i, expected in enumerate(solo):
+        got = _weights(unrolled.classifiers[i])
+        assert jax.tree.structure(got) == jax.tree.structure(expected)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=f"network {i}"),
+                     got, expected)
+
+
+def test_unrolled_a_diverging_network_stops_and_a_killed_run_resumes_bit_for_bit(tmp_path, solo, unrolled):
+    """Unrolled: network 1 stops after 0 steps with its initial weights, 0 and 2 equal their
+    solo runs; stopped after 3 of 4 steps and restarted, the uninterrupted weights bit for bit."""
+    networks = _population(broken=1, layout="unrolled")
+    result = _train(tmp_path / "broken", networks, layout="unrolled")
+    assert result.stopped == (None, 0, None)
+    jax.tree.map(np.testing.assert_array_equal, _weights(result.classifiers[1]), _weights(networks[1]))
+    for i in (0, 2):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0), _weights(result.classifiers[i]),
+                     solo[i])
+    killed = _train(tmp_path / "killed", _population(layout="unrolled"), checkpoint_every=2, stop_after=3,
+                    layout="unrolled")
+    assert killed.steps == 3
+    resumed = _train(tmp_path / "killed", _population(layout="unrolled"), checkpoint_every=2, layout="unrolled")
+    assert resumed.resumed_from == 2
+    for got, expected in zip(resumed.classifiers, unrolled.classifiers):
+        jax.tree.map(np.testing.assert_array_equal, _weights(got), _weights(expected))
 
 
 def test_a_diverging_network_stops_and_the_others_go_on(tmp_path, solo):
@@ -117,17 +161,44 @@ def test_a_killed_population_resumes_bit_for_bit(tmp_path, population):
         _train(tmp_path, _population(), seeds=(3, 11, 8))
 
 
+def test_unrolled_networks_of_different_architectures_end_with_their_solo_weights(tmp_path):
+    """Two zoo architectures and a BigNAS subnet, trained with cutmix (a random box per step
+    and network) in one unrolled program: each network ends with the weights it ends with
+    trained alone, to 1e-5."""
+    recipe, cutmix = dataclasses.replace(RECIPE, steps=2, seed=0), training.techniques.create("cutmix")
+    smallest = rj.nas.space("bignas_resnet_basic_digits").smallest()
+    builds = [("digits_cnn", {}), ("digits_mlp", {}), ("nas.bignas_resnet_basic_digits", {"arch": smallest})]
+    seeds = [5, 6, 7]
+
+    def networks():
+        return [rj.zoo.create(name, pretrained=False, key=jax.random.key(seed), **options)
+                for (name, options), seed in zip(builds, seeds)]
+
+    together = training.train_population(networks(), rj.data.digits("train"), tmp_path / "together", recipe, cutmix,
+                                         seeds=seeds, layout="unrolled")
+    for i, (network, seed) in enumerate(zip(networks(), seeds)):
+        alone = training.train(network, rj.data.digits("train"), tmp_path / str(i),
+                               dataclasses.replace(recipe, seed=seed), cutmix)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=f"network {i}"),
+                     _weights(together.classifiers[i]), _weights(alone.classifier))
+
+
 def test_populations_that_cannot_train_as_one_are_refused(tmp_path):
     networks = _population()
     digits_cnn = rj.zoo.create("digits_cnn", pretrained=False)
-    with pytest.raises(ValueError, match=r"network 1 \(digits_cnn\) is not of network 0's graph"):
+    with pytest.raises(ValueError, match=r"network 1 \(digits_cnn\) is not of network 0's graph.*'unrolled'"):
         _train(tmp_path, [networks[0], digits_cnn], seeds=(0, 1))
+    with pytest.raises(ValueError, match="layout must be one of vmap, sequential, unrolled; got 'masks'"):
+        _train(tmp_path, networks, layout="masks")
     wider = trainable(rj.nas.space("nb201_digits", channels=16), CELLS[1], key=jax.random.key(0))
     with pytest.raises(ValueError, match=r"network 1 \(.*\) is not of network 0's graph"):
         _train(tmp_path, [networks[0], wider], seeds=(0, 1))
     cifar = trainable(rj.nas.space("nb201", channels=4, cells_per_stage=1), CELLS[0], key=jax.random.key(0))
     with pytest.raises(ValueError, match=r"network 1 \(.*\) takes \(32, 32, 3\) images and 10 classes, network 0 "):
         _train(tmp_path, [networks[0], cifar], seeds=(0, 1))
+    cifar_alone = rj.zoo.create("nas.nb201", pretrained=False, arch=CELLS[0], channels=4, cells_per_stage=1)
+    with pytest.raises(ValueError, match=r"network 1 \(.*\) takes \(32, 32, 3\) images and 10 classes, network 0 "):
+        _train(tmp_path, [_standalone(CELLS[0], 0), cifar_alone], seeds=(0, 1), layout="unrolled")
     with pytest.raises(ValueError, match=r"network 0 \(.*\): technique 'dropout' needs dropout layers"):
         training.train_population(networks, rj.data.digits("train"), tmp_path, RECIPE,
                                   training.techniques.create("dropout"), seeds=list(SEEDS))

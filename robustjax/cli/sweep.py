@@ -264,7 +264,9 @@ def add_arguments(group: argparse.ArgumentParser) -> None:
                      "packed (side by side, each NB201 op run once on the examples of the networks choosing it, "
                      "a population size divisible by 25 letting every population share one program; each BigNAS "
                      "block at each shape its networks take, a program per population); "
-                     "auto: sequential for NB201 on the CPU, masks otherwise (default: %(default)s)")
+                     "auto: sequential for NB201 on the CPU, masks otherwise. Cells trained from scratch (--train) "
+                     "train side by side (masks), one after another (sequential) or, under auto on the CPU, each at "
+                     "its own shapes, a few cells to a program (default: %(default)s)")
     run.add_argument("--calibration-images", type=int, default=DEFAULT_IMAGES,
                      help="training images that recalibrate each subnet's batch norm (default: %(default)s)")
     run.add_argument("--ray", help="run on a Ray cluster: 'auto' or HOST:PORT of its head (needs robustjax[ray])")

@@ -83,7 +83,8 @@ class Sweep:
     makes the networks the space's cells trained from scratch with each technique set, a
     population at a time. ``layout``: how a population of
     subnets runs, ``"auto"``, ``"masks"``, ``"sequential"`` or ``"packed"``
-    (``nas.population.choose_layout``; a lone network runs at its own shapes)."""
+    (``nas.population.choose_layout``; a lone network runs at its own shapes), and how
+    cells train (``sweep.trained_cells.layout``)."""
 
     plan: Plan
     dataset: str = data.DEFAULT_DATASET
@@ -227,19 +228,21 @@ class Context:
         return self.cell_trainings[key], self.space.resolve(config)
 
     def _train_cells(self, arch_ids: Sequence[str], on_step: Callable[[str, StepReport], None] | None) -> None:
-        """The cells of ``arch_ids`` not trained yet, one population per technique set, in
-        the sweep's layout (a lone cell computes its own ops one way or the other)."""
+        """The cells of ``arch_ids`` not trained yet, in populations of one technique set, in
+        the training layout of the sweep's (``trained_cells.layout``)."""
         untrained: dict[str, list] = collections.defaultdict(list)
         for arch_id in arch_ids:
             if not trained.is_trained(self.folder(arch_id)):
                 untrained[arch_id.split("/", 1)[1]].append(arch_id)
+        layout = trained_cells.layout(self.sweep.layout)
         for key, ids in untrained.items():
             cells = self.cell_trainings[key]
-            trained_cells.train(cells, self.space, [self.cell(a)[1] for a in ids], Path(self.sweep.trained_dir, key),
-                                self.training_data(cells.dataset, cells.split),
-                                checkpoint_every=self.sweep.plan.training.checkpoint_every,
-                                sequential=choose_layout(self.sweep.layout, len(ids), self.space) != "masks",
-                                on_step=None if on_step is None else functools.partial(on_step, ids[0]))
+            size = trained_cells.UNROLLED_CELLS if layout == "unrolled" else len(ids)
+            for group in (ids[start:start + size] for start in range(0, len(ids), size)):
+                trained_cells.train(cells, self.space, [self.cell(a)[1] for a in group],
+                                    Path(self.sweep.trained_dir, key), self.training_data(cells.dataset, cells.split),
+                                    checkpoint_every=self.sweep.plan.training.checkpoint_every, layout=layout,
+                                    on_step=None if on_step is None else functools.partial(on_step, group[0]))
 
     def definition(self) -> dict:
         """What the results depend on; a store holds one definition."""

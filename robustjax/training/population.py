@@ -2,11 +2,22 @@
 batch order and random draws (issue 39).
 
 The step is the training step of ``robustjax train`` (:func:`~robustjax.training.step.make_step`)
-over the networks, side by side (``vmap``) or one after another (``lax.map``), so network
-``i`` follows the trajectory it follows trained alone with seed ``seeds[i]``: its batches are
-``batch_indices(n, batch_size, seeds[i], step)`` and its draws ``fold_in(key(seeds[i]), step)``.
-The networks share one graph: a zoo architecture with different initial weights, or
-NAS-Bench-201 cells in the shared layout of :func:`robustjax.nas.trainable.trainable`.
+over the networks, so network ``i`` follows the trajectory it follows trained alone with seed
+``seeds[i]``: its batches are ``batch_indices(n, batch_size, seeds[i], step)`` and its draws
+``fold_in(key(seeds[i]), step)``. Three layouts (:data:`LAYOUTS`):
+
+- ``"vmap"``: networks of one graph side by side (a zoo architecture with different initial
+  weights, or NAS-Bench-201 cells in the shared layout of
+  :func:`robustjax.nas.trainable.trainable`, every edge computing every op);
+- ``"sequential"``: networks of one graph one after another (``lax.map``), so NB201 cells made
+  ``trainable(..., sequential=True)`` compute only their own ops;
+- ``"unrolled"``: each network's own step, of its own graph, written one after another into
+  the one program: networks of different graphs (NB201 cells at their own shapes, BigNAS
+  subnets of different shapes, different zoo architectures) with exactly their own arithmetic.
+  The program grows with the networks, and so does its compile time (on the 2-core CPU,
+  PGD-7 AT of NB201 digits cells: 20 s for 4 networks, 94 s for 8), so it suits a few
+  networks per population; on that CPU it ran 2.5x the network steps per second of
+  ``"sequential"`` (``benchmarks/training_population.py``).
 
 A network whose loss or new weights are not finite stops: it keeps its last finite state, the
 number of steps it completed is recorded, the others go on. Orbax checkpoints hold every
@@ -36,6 +47,8 @@ from robustjax.training.recipe import Recipe
 from robustjax.training.step import TrainState, init_state, make_step, trained_state
 from robustjax.training.techniques import Techniques
 
+LAYOUTS = ("vmap", "sequential", "unrolled")
+
 
 @dataclasses.dataclass(frozen=True)
 class PopulationResult:
@@ -50,31 +63,37 @@ def train_population(classifiers: Sequence[Classifier], dataset: ImageDataset, o
                      recipe: Recipe = Recipe(), techniques: Techniques = Techniques(), *, seeds: Sequence[int],
                      attack_eps: float | None = None, attack_steps: int | None = None, checkpoint_every: int = 100,
                      log_every: int = 10, on_step: Callable[[StepReport], None] | None = None,
-                     stop_after: int | None = None, sequential: bool = False) -> PopulationResult:
+                     stop_after: int | None = None, layout: str = "vmap") -> PopulationResult:
     """Trains every classifier of ``classifiers`` (their current weights are the start) on
     ``dataset`` with ``recipe`` and ``techniques``, network ``i`` with seed ``seeds[i]`` in
     place of ``recipe.seed``. Checkpoints under ``out/checkpoints``; logs every network's loss
     and accuracy to ``out/metrics.jsonl`` every ``log_every`` steps. ``stop_after`` ends the
-    call after that many steps (a scheduled interruption). ``sequential``: the networks step
-    one after another in the program (``lax.map``), not side by side (``vmap``), so that
-    NB201 cells made ``trainable(..., sequential=True)`` compute only their own ops. Everything
-    is checked before anything compiles: the networks must share one graph, input shape and
-    classes."""
-    models = _models(classifiers, seeds, dataset, recipe, techniques)
+    call after that many steps (a scheduled interruption). ``layout``: how the networks share
+    the program (:data:`LAYOUTS`, the module's docstring). Everything is checked before
+    anything compiles: the networks must share their input shape and classes, and, but for
+    ``"unrolled"``, one graph."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"train_population: layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+    models = _models(classifiers, seeds, dataset, recipe, techniques, one_graph=layout != "unrolled")
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     num_examples = dataset.num_examples
     total, schedule = recipe.total_steps(num_examples), recipe.schedule(num_examples)
-    optimizer, step_fn = make_step(models[0], recipe, techniques, num_examples, attack_eps=attack_eps,
-                                   attack_steps=attack_steps)
-    advance = population_step(step_fn, sequential)
-    states = _stack([init_state(model, optimizer, recipe) for model in models])
+    steps = [make_step(model, recipe, techniques, num_examples, attack_eps=attack_eps, attack_steps=attack_steps)
+             for model in (models if layout == "unrolled" else models[:1])]
+    optimizer = steps[0][0]  # the recipe's, the same for every network
+    own_states = [init_state(model, optimizer, recipe) for model in models]
+    if layout == "unrolled":
+        # Copies: the step donates every buffer, and the moving average starts as the weights.
+        advance, states = unrolled_step(tuple(step for _, step in steps)), jax.tree.map(jnp.array, tuple(own_states))
+    else:
+        advance, states = population_step(steps[0][1], layout == "sequential"), _stack(own_states)
     stopped = jnp.zeros(len(models), bool)
     meta = json.loads(json.dumps({"networks": [c.name for c in classifiers], "seeds": list(seeds),
                                   "dataset": dataset.name, "num_examples": num_examples,
                                   "recipe": dataclasses.asdict(recipe), "techniques": list(techniques.names),
                                   "attack_eps": attack_eps, "attack_steps": attack_steps,
-                                  "sequential": sequential}))
+                                  "layout": layout}))
     manager, start = open_checkpoints(out, meta, "population",
                                       "the same networks, seeds, data, recipe and techniques")
     if start:
@@ -83,7 +102,9 @@ def train_population(classifiers: Sequence[Classifier], dataset: ImageDataset, o
         # Host round trip: restored arrays come committed to a device, fresh ones not, and
         # the jitted step would compile a second time for the difference.
         restored = jax.tree.map(jnp.asarray, jax.device_get(restored))
-        states, stopped = TrainState(*restored["states"]), restored["stopped"]
+        states = (tuple(TrainState(*state) for state in restored["states"]) if layout == "unrolled"
+                  else TrainState(*restored["states"]))
+        stopped = restored["stopped"]
     keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
     last = total if stop_after is None else min(total, start + stop_after)
 
@@ -96,17 +117,19 @@ def train_population(classifiers: Sequence[Classifier], dataset: ImageDataset, o
     metrics = run_steps(out, manager, meta, range(start, last), total, schedule, step_all, _per_network,
                         lambda: {"states": states, "stopped": stopped}, checkpoint_every=checkpoint_every,
                         log_every=log_every, on_step=on_step)
-    final = jax.device_get(trained_state(models[0], states))
-    completed, stopped = np.asarray(states.step), np.asarray(stopped)
-    trained = tuple(model.eval_classifier(jax.tree.map(lambda leaf, i=i: leaf[i], final))
-                    for i, model in enumerate(models))
-    return PopulationResult(trained, last, start, tuple(int(completed[i]) if stopped[i] else None
+    own_states = states if layout == "unrolled" else [jax.tree.map(lambda leaf, i=i: leaf[i], states)
+                                                      for i in range(len(models))]
+    own_states = jax.device_get(own_states)
+    trained = tuple(model.eval_classifier(trained_state(model, state)) for model, state in zip(models, own_states))
+    completed, stopped = [int(state.step) for state in own_states], np.asarray(stopped)
+    return PopulationResult(trained, last, start, tuple(completed[i] if stopped[i] else None
                                                         for i in range(len(models))), metrics)
 
 
 def _models(classifiers: Sequence[Classifier], seeds: Sequence[int], dataset: ImageDataset, recipe: Recipe,
-            techniques: Techniques) -> list[TrainModel]:
-    """The networks' training models, after refusing a population that cannot train as one."""
+            techniques: Techniques, *, one_graph: bool) -> list[TrainModel]:
+    """The networks' training models, after refusing a population that cannot train as one
+    (``one_graph``: networks that must share network 0's graph)."""
     if not classifiers:
         raise ValueError("train_population needs at least one network")
     if len(seeds) != len(classifiers):
@@ -128,9 +151,10 @@ def _models(classifiers: Sequence[Classifier], seeds: Sequence[int], dataset: Im
                                                drop_path=recipe.drop_path_rate)
         except (TypeError, ValueError) as error:
             raise ValueError(f"{name}: {error}") from None
-        if models and model != models[0]:
+        if one_graph and models and model != models[0]:
             raise ValueError(f"{name} is not of network 0's graph ({first.name}); a population trains networks of "
-                             "one graph: a zoo architecture, or NAS-Bench-201 cells from nas.trainable.trainable")
+                             "one graph: a zoo architecture, or NAS-Bench-201 cells from nas.trainable.trainable "
+                             "(layout 'unrolled' trains networks of different graphs)")
         models.append(model)
     return models
 
@@ -145,18 +169,36 @@ def population_step(step: Callable, sequential: bool = False) -> Callable:
     @functools.partial(jax.jit, donate_argnums=(0,))
     def advance(states: TrainState, stopped: jax.Array, x, y, keys):
         new, metrics = over_networks(states, x, y, keys)
-        finite = jnp.isfinite(metrics["loss"]) & _finite(new.params)
-        moving = ~stopped & finite
-        kept = jax.tree.map(lambda n, o: jnp.where(moving.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, states)
-        return kept, stopped | ~finite, metrics
+        kept, now_stopped = jax.vmap(_kept)(new, states, stopped, metrics["loss"])
+        return kept, now_stopped, metrics
 
     return advance
 
 
-def _finite(tree) -> jax.Array:
-    """Per network (leading axis): whether every leaf of ``tree`` is finite."""
-    return jax.tree.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
-                                             for leaf in jax.tree.leaves(tree)])
+@functools.cache
+def unrolled_step(steps: tuple[Callable, ...]) -> Callable:
+    """Network ``i``'s own ``steps[i]`` for each network, in one jitted program over a tuple
+    of states; the networks' metrics stacked. A network whose loss or new weights are not
+    finite keeps its state and is marked stopped."""
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def advance(states: tuple[TrainState, ...], stopped: jax.Array, x, y, keys):
+        outcomes = [step(state, x[i], y[i], keys[i]) for i, (step, state) in enumerate(zip(steps, states))]
+        kept = [_kept(new, state, stopped[i], metrics["loss"])
+                for i, ((new, metrics), state) in enumerate(zip(outcomes, states))]
+        metrics = jax.tree.map(lambda *values: jnp.stack(values), *[metrics for _, metrics in outcomes])
+        return tuple(state for state, _ in kept), jnp.stack([now for _, now in kept]), metrics
+
+    return advance
+
+
+def _kept(new: TrainState, old: TrainState, stopped: jax.Array, loss: jax.Array) -> tuple[TrainState, jax.Array]:
+    """One network's state after a step (``new`` unless it had stopped or went non-finite:
+    then ``old``) and whether it is stopped now."""
+    finite = jnp.isfinite(loss) & jax.tree.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(leaf))
+                                                                     for leaf in jax.tree.leaves(new.params)])
+    moving = ~stopped & finite
+    return jax.tree.map(lambda n, o: jnp.where(moving, n, o), new, old), stopped | ~finite
 
 
 def _stack(states: list[TrainState]) -> TrainState:
