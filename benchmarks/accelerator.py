@@ -607,10 +607,10 @@ def training_row(sizes: Sizes, peaks: dict) -> dict:
     cells = [int(i) for i in rng.choice(len(space), sizes.training_networks, replace=False)]
     batch = sizes.training_batch
     steps = sizes.training_attack_steps
-    mine, compile_s = COMPILES.measure(lambda: tp.ours(space, cells, data, sizes.training_steps, False, batch, steps))
+    mine, compile_s = COMPILES.measure(lambda: tp.ours(space, cells, data, sizes.training_steps, "masks", batch, steps))
     torch_step_s = tp.theirs(space, cells[:sizes.training_torch], data, sizes.training_steps, os.cpu_count() or 1,
                              batch, steps)
-    flops = tp.step_flops(space, cells, data, False, batch, steps)
+    flops = tp.step_flops(space, cells, data, "masks", batch, steps)
     steps_per_s = len(cells) / mine["step_s"]
     per_gpu_hour = 3600 * steps_per_s / NAS_ROBBENCH_STEPS
     projected = NAS_ROBBENCH_NETWORKS / per_gpu_hour

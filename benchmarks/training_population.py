@@ -9,9 +9,11 @@ in training mode as ``madry`` attacks it), the loss on the adversarial examples,
 0.9, weight decay 5e-4, batch 256, 50 epochs of the digits train split. Both sides start from
 the same weights (xautodl's ``TinyNetwork`` holding the init robustjax gives each cell).
 
-Two layouts of the population: ``masks`` (the networks side by side under ``vmap``, every
-edge computing every op and selecting its own) and ``sequential`` (one network after another
-under ``lax.map``, each edge switching to its op, so each cell computes its own ops only).
+Three layouts of the population: ``masks`` (the networks side by side under ``vmap``, every
+edge computing every op and selecting its own), ``sequential`` (one network after another
+under ``lax.map``, each edge switching to its op, so each cell computes its own ops only) and
+``unrolled`` (each cell's own training step at its own shapes, written one after another into
+one program; populations of ``sweep.trained_cells.UNROLLED_CELLS`` cells, as a sweep trains them).
 
 Timed: training steps after the first (whose compilation, robustjax's, is reported apart).
 Networks per hour = 3600 / (the run's steps x seconds per network-step): warm, and "cold"
@@ -40,14 +42,17 @@ import robustjax as rj
 from benchmarks.common import RESULTS, machine_facts, matmul_peak_gflops, report
 from robustjax import training
 from robustjax.data.dataset import batch_indices
+from robustjax.nas import build
 from robustjax.nas.trainable import standalone_network, trainable
+from robustjax.sweep.trained_cells import UNROLLED_CELLS
 from robustjax.training.model import TrainModel
-from robustjax.training.population import population_step
+from robustjax.training.population import population_step, unrolled_step
 from robustjax.training.step import init_state, make_step
 
 EPS, STEP_SIZE, ATTACK_STEPS = 8 / 255, 2 / 255, 7
 EPOCHS, BATCH_SIZE, LEARNING_RATE, WEIGHT_DECAY = 50, 256, 0.05, 5e-4
 TECHNIQUES = training.techniques.create("madry")
+LAYOUTS = {"sequential": "sequential", "masks": "vmap", "unrolled": "unrolled"}  # row name: train_population's
 
 
 def recipe(num_examples: int, batch_size: int = BATCH_SIZE) -> training.Recipe:
@@ -56,19 +61,33 @@ def recipe(num_examples: int, batch_size: int = BATCH_SIZE) -> training.Recipe:
                            label_smoothing=0.0, ema_decay=None)
 
 
-def ours(space, cells: list, data, timed_steps: int, sequential: bool, batch_size: int = BATCH_SIZE,
+def networks_of(space, cells: list, layout: str) -> list:
+    """Cell ``i`` initialised from key ``i``, in the form ``layout`` trains it."""
+    if layout == "unrolled":
+        return [build.as_classifier(space, build.build_network(space, cell, key=jax.random.key(i)), cell, name=str(cell))
+                for i, cell in enumerate(cells)]
+    return [trainable(space, cell, key=jax.random.key(i), sequential=layout == "sequential")
+            for i, cell in enumerate(cells)]
+
+
+def ours(space, cells: list, data, timed_steps: int, layout: str, batch_size: int = BATCH_SIZE,
          attack_steps: int = ATTACK_STEPS) -> dict:
-    """Seconds of the population's first step (compiling) and per later step."""
-    networks = [trainable(space, cell, key=jax.random.key(i), sequential=sequential) for i, cell in enumerate(cells)]
+    """Seconds of the populations' first step (compiling) and per later step, ``layout``
+    being a row name (:data:`LAYOUTS`); unrolled populations of ``UNROLLED_CELLS`` cells train
+    one after another."""
+    networks = networks_of(space, cells, LAYOUTS[layout])
+    size = UNROLLED_CELLS if layout == "unrolled" else len(cells)
     run = recipe(data.num_examples, batch_size)
-    times = {}
+    times = {"first": 0.0, "timed": 0.0}
     with tempfile.TemporaryDirectory() as folder:
-        for name, steps in (("first", 1), ("timed", timed_steps)):
-            started = time.perf_counter()
-            training.train_population(networks, data, Path(folder, name), run, TECHNIQUES, seeds=list(range(len(cells))),
-                                      attack_eps=EPS, attack_steps=attack_steps, checkpoint_every=10 ** 9,
-                                      log_every=10 ** 9, stop_after=steps, sequential=sequential)
-            times[name] = time.perf_counter() - started  # train_population returns host arrays: work is done
+        for start in range(0, len(cells), size):
+            for name, steps in (("first", 1), ("timed", timed_steps)):
+                started = time.perf_counter()
+                training.train_population(networks[start:start + size], data, Path(folder, f"{name}{start}"), run,
+                                          TECHNIQUES, seeds=list(range(start, min(start + size, len(cells)))),
+                                          attack_eps=EPS, attack_steps=attack_steps, checkpoint_every=10 ** 9,
+                                          log_every=10 ** 9, stop_after=steps, layout=LAYOUTS[layout])
+                times[name] += time.perf_counter() - started  # train_population returns host arrays: work is done
     return {"first_step_s": times["first"], "step_s": times["timed"] / timed_steps,
             "steps_per_run": run.total_steps(data.num_examples)}
 
@@ -110,35 +129,39 @@ def theirs(space, cells: list, data, timed_steps: int, threads: int, batch_size:
     return spent / (len(cells) * timed_steps)
 
 
-def step_flops(space, cells: list, data, sequential: bool, batch_size: int = BATCH_SIZE,
+def step_flops(space, cells: list, data, layout: str, batch_size: int = BATCH_SIZE,
                attack_steps: int = ATTACK_STEPS) -> dict:
-    """FLOPs of one population step (lowered program, XLA's cost analysis) and the sum of
-    each cell's own step at its own shapes."""
+    """FLOPs of the population steps of ``layout`` (a row name; lowered programs, XLA's cost
+    analysis) and the sum of each cell's own step at its own shapes."""
     run = recipe(data.num_examples, batch_size)
     x, y = data.take(batch_indices(data.num_examples, batch_size, 0, 0))
 
     def lowered_flops(classifiers: list, step_of) -> float:
         models = [TrainModel.from_classifier(c) for c in classifiers]
-        optimizer, step = make_step(models[0], run, TECHNIQUES, data.num_examples, attack_eps=EPS,
-                                    attack_steps=attack_steps)
-        states = [init_state(m, optimizer, run) for m in models]
-        return step_of(step, states).cost_analysis()["flops"]
+        made = [make_step(m, run, TECHNIQUES, data.num_examples, attack_eps=EPS, attack_steps=attack_steps)
+                for m in models]
+        states = [init_state(m, made[0][0], run) for m in models]
+        return step_of([step for _, step in made], states).cost_analysis()["flops"]
 
-    def population(step, states):
-        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+    def population(steps, states):
         n = len(states)
-        return population_step(step, sequential).lower(stacked, jnp.zeros(n, bool), np.stack([x] * n),
-                                                       np.stack([y] * n),
-                                                       jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32)))
+        keys = jax.vmap(jax.random.key)(jnp.arange(n, dtype=jnp.uint32))
+        if layout == "unrolled":
+            return unrolled_step(tuple(steps)).lower(tuple(states), jnp.zeros(n, bool), np.stack([x] * n),
+                                                     np.stack([y] * n), keys)
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+        return population_step(steps[0], layout == "sequential").lower(stacked, jnp.zeros(n, bool), np.stack([x] * n),
+                                                                       np.stack([y] * n), keys)
 
-    def alone(step, states):
-        return jax.jit(step).lower(states[0], x, y, jax.random.key(0))
+    def alone(steps, states):
+        return jax.jit(steps[0]).lower(states[0], x, y, jax.random.key(0))
 
-    static = lowered_flops([trainable(space, c, key=jax.random.key(0), sequential=sequential) for c in cells],
-                           population)
+    size = UNROLLED_CELLS if layout == "unrolled" else len(cells)
+    static = sum(lowered_flops(networks_of(space, cells[start:start + size], LAYOUTS[layout]), population)
+                 for start in range(0, len(cells), size))
     own = sum(lowered_flops([standalone_network(space, c, trainable(space, c, key=jax.random.key(0)))], alone)
               for c in cells)
-    executed = own if sequential else static
+    executed = own if layout == "sequential" else static
     return {"population_step_gflops": executed / 1e9, "xla_static_gflops": static / 1e9, "own_step_gflops": own / 1e9,
             "executed_over_own": executed / own}
 
@@ -160,9 +183,9 @@ def main() -> None:
     torch_step_s = theirs(space, cells[:args.torch_networks], data, args.timed_steps, threads)
     peak = matmul_peak_gflops()
     rows = []
-    for layout in ("sequential", "masks"):
-        mine = ours(space, cells, data, args.timed_steps, layout == "sequential")
-        flops = step_flops(space, cells, data, layout == "sequential")
+    for layout in LAYOUTS:
+        mine = ours(space, cells, data, args.timed_steps, layout)
+        flops = step_flops(space, cells, data, layout)
         steps = mine["steps_per_run"]
         warm = 3600 * args.networks / (steps * mine["step_s"])
         cold = 3600 * args.networks / (mine["first_step_s"] + (steps - 1) * mine["step_s"])
