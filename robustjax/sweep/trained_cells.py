@@ -41,8 +41,8 @@ from robustjax.sweep import trained
 from robustjax.sweep.trained import CARD, TrainedNetwork
 
 # Cells per population in the "unrolled" layout, whose program holds each cell's own step: on
-# the 2-core CPU, PGD-7 AT of NB201 digits cells compiled in 20 s for 4 cells and 94 s for 8,
-# at about the same step time per cell.
+# a 2-core CPU, PGD-7 AT of NB201 digits cells compiled in 20 s for 4 cells and 94 s for 8 (a
+# probe), at about the same step time per cell.
 UNROLLED_CELLS = 4
 
 
@@ -50,7 +50,7 @@ def layout(sweep_layout: str) -> str:
     """How a sweep's cells train (``train_population``'s layout) under its ``--layout``:
     ``masks`` side by side (``vmap``), ``sequential`` one after another, ``auto`` each cell at
     its own shapes in populations of :data:`UNROLLED_CELLS` (``unrolled``) on the CPU, where
-    it ran 2.5x the cell steps per second of ``sequential``, and side by side elsewhere."""
+    it trained 1.6x the cells per hour of ``sequential``, and side by side elsewhere."""
     if sweep_layout == "auto":
         return "unrolled" if jax.default_backend() == "cpu" else "vmap"
     if sweep_layout not in ("masks", "sequential"):
