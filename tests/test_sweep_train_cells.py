@@ -58,7 +58,8 @@ class Killed(Exception):
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     """The sweep killed at training step 3 (last checkpoint at 2), then run whole by the CLI;
-    and what the CLI printed."""
+    and what the CLI printed. One cell to a population, so the two cells are two populations,
+    as when a sweep's chunk holds more cells than a population."""
     tmp = tmp_path_factory.mktemp("cells")
     (tmp / "plan.toml").write_text(PLAN)
     sweep = _sweep(tmp)
@@ -68,35 +69,36 @@ def swept(tmp_path_factory):
         if report.step == 3:
             raise Killed
 
-    with pytest.raises(Killed):
-        run_local(sweep, store, selection, worker="w", on_train=kill)
-    assert not store.done()
-    with contextlib.redirect_stdout(io.StringIO()) as printed:
-        assert main(_argv(tmp)) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trained_cells, "UNROLLED_CELLS", 1)
+        with pytest.raises(Killed):
+            run_local(sweep, store, selection, worker="w", on_train=kill)
+        assert not store.done()
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            assert main(_argv(tmp)) == 0
     return tmp, Store.read(tmp / "s.sqlite"), " ".join(printed.getvalue().split())
 
 
 def test_a_killed_cell_population_resumes_to_the_uninterrupted_weights(swept, tmp_path):
-    """The rerun resumes at step 3, and each cell's folder holds the weights and last loss the
-    same two cells get trained as one population without interruption (itself each cell's
-    solo run, test_training_population)."""
+    """The rerun resumes the first cell's population at step 3, and each cell's folder holds
+    the weights and last loss the cell gets in a population of its own trained without
+    interruption (itself its solo run, test_training_population)."""
     tmp, store, printed = swept
     first = next(arch_id for arch_id, _, _ in store.networks())
     assert f"resuming {first}: step 3/4" in printed
     recipe = aligned("nas_nb201", rj.training.techniques.create("pgd_at"), steps=4, batch_size=16,
                      learning_rate=0.05)
-    cells = [rj.zoo.create("nas.nb201_digits", pretrained=False, key=jax.random.key(0), arch=c) for c in CELLS]
-    whole = rj.training.train_population(cells, rj.data.digits("train"), tmp_path, recipe,
-                                         rj.training.techniques.create("pgd_at"), seeds=[0, 0], attack_eps=0.2,
-                                         attack_steps=1, layout="unrolled")  # the layout "auto" takes on the CPU
     (folder,) = {p.parent.parent for p in (tmp / "s.sqlite.trained").rglob("card.json")}
     assert not (folder / "populations").exists()  # a finished population's checkpoints are gone
-    for cell, expected in zip(CELLS, whole.classifiers):
+    for cell in CELLS:
+        network = rj.zoo.create("nas.nb201_digits", pretrained=False, key=jax.random.key(0), arch=cell)
+        whole = rj.training.train_population([network], rj.data.digits("train"), tmp_path / str(cell), recipe,
+                                             rj.training.techniques.create("pgd_at"), seeds=[0], attack_eps=0.2,
+                                             attack_steps=1, layout="unrolled")  # the layout "auto" takes on the CPU
         got = rj.zoo.create("nas.nb201_digits", arch=cell, weights=folder / str(cell))
-        jax.tree.map(np.testing.assert_array_equal, got.params, expected.params)
-    for i, cell in enumerate(CELLS):
+        jax.tree.map(np.testing.assert_array_equal, got.params, whole.classifiers[0].params)
         card = json.loads((folder / str(cell) / "card.json").read_text())["training"]
-        assert card["final_metrics"]["loss"] == whole.last_metrics["loss"][i] and card["stopped_at"] is None
+        assert card["final_metrics"]["loss"] == whole.last_metrics["loss"][0] and card["stopped_at"] is None
 
 
 def test_cells_are_evaluated_from_their_folders_and_exported_with_their_training(swept):

@@ -41,16 +41,17 @@ from robustjax.sweep import trained
 from robustjax.sweep.trained import CARD, TrainedNetwork
 
 # Cells per population in the "unrolled" layout, whose program holds each cell's own step: on
-# a 2-core CPU, PGD-7 AT of NB201 digits cells (batch 256, a probe) compiled in 42 s for 4
-# cells and 188 s for 8, at the same step time per cell (0.18 s).
-UNROLLED_CELLS = 4
+# a 2-core CPU, the steps of PGD-7 AT of NB201 digits cells (batch 256, a probe) compiled in
+# 15-17 s for 2 cells, 42 s for 4 and 188 s for 8, and 4 cells stepped in 0.60 s as two
+# programs of 2 against 0.74 s as one of 4.
+UNROLLED_CELLS = 2
 
 
 def layout(sweep_layout: str) -> str:
     """How a sweep's cells train (``train_population``'s layout) under its ``--layout``:
     ``masks`` side by side (``vmap``), ``sequential`` one after another, ``auto`` each cell at
     its own shapes in populations of :data:`UNROLLED_CELLS` (``unrolled``) on the CPU, where
-    it trained 1.6x the cells per hour of ``sequential``, and side by side elsewhere."""
+    it trained 1.9x the cells per hour of ``sequential``, and side by side elsewhere."""
     if sweep_layout == "auto":
         return "unrolled" if jax.default_backend() == "cpu" else "vmap"
     if sweep_layout not in ("masks", "sequential"):

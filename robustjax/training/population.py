@@ -15,9 +15,9 @@ over the networks, so network ``i`` follows the trajectory it follows trained al
   the one program: networks of different graphs (NB201 cells at their own shapes, BigNAS
   subnets of different shapes, different zoo architectures) with exactly their own arithmetic.
   The program grows with the networks, and its compile time faster (on a 2-core CPU, PGD-7
-  AT of NB201 digits cells: 42 s for 4 networks, 188 s for 8), so it suits a few networks
-  per population; on the 2-core CPU it trained 1.6x the networks per hour of
-  ``"sequential"`` (``benchmarks/README.md``, ``training_population``).
+  AT of NB201 digits cells: 15-17 s for 2 networks, 42 s for 4, 188 s for 8), so it suits a
+  few networks per population; on the 2-core CPU, 2 to a program, it trained 1.9x the
+  networks per hour of ``"sequential"`` (``benchmarks/README.md``, ``training_population``).
 
 A network whose loss or new weights are not finite stops: it keeps its last finite state, the
 number of steps it completed is recorded, the others go on. Orbax checkpoints hold every
