@@ -1,5 +1,5 @@
 """Sweeps that train NAS-Bench-201 cells from scratch (issue 39): `sweep run --space nb201_digits
---train pgd_at` trains a chunk's cells as one population, a killed training resumes to the
+--train pgd_at` trains a chunk's cells in populations, a killed training resumes to the
 weights of an uninterrupted population, each cell is evaluated from its own folder, and the
 export rows carry the NB201 ids, the techniques and the training's last figures."""
 
@@ -22,7 +22,6 @@ from robustjax.sweep import Store, Sweep, export, open_store, run_local, trained
 from robustjax.sweep.engine import context
 from robustjax.training import aligned
 
-SPACE = rj.nas.space("nb201_digits")
 CELLS = (5, 11472)
 PLAN = """
 batch_size = 32
