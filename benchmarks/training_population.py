@@ -42,9 +42,8 @@ import robustjax as rj
 from benchmarks.common import RESULTS, machine_facts, matmul_peak_gflops, report
 from robustjax import training
 from robustjax.data.dataset import batch_indices
-from robustjax.nas import build
 from robustjax.nas.trainable import standalone_network, trainable
-from robustjax.sweep.trained_cells import UNROLLED_CELLS
+from robustjax.sweep.trained_cells import initial_network, populations
 from robustjax.training.model import TrainModel
 from robustjax.training.population import population_step, unrolled_step
 from robustjax.training.step import init_state, make_step
@@ -63,30 +62,25 @@ def recipe(num_examples: int, batch_size: int = BATCH_SIZE) -> training.Recipe:
 
 def networks_of(space, cells: list, layout: str) -> list:
     """Cell ``i`` initialised from key ``i``, in the form ``layout`` trains it."""
-    if layout == "unrolled":
-        return [build.as_classifier(space, build.build_network(space, cell, key=jax.random.key(i)), cell, name=str(cell))
-                for i, cell in enumerate(cells)]
-    return [trainable(space, cell, key=jax.random.key(i), sequential=layout == "sequential")
-            for i, cell in enumerate(cells)]
+    return [initial_network(space, space.resolve(cell), jax.random.key(i), layout) for i, cell in enumerate(cells)]
 
 
 def ours(space, cells: list, data, timed_steps: int, layout: str, batch_size: int = BATCH_SIZE,
          attack_steps: int = ATTACK_STEPS) -> dict:
     """Seconds of the populations' first step (compiling) and per later step, ``layout``
-    being a row name (:data:`LAYOUTS`); unrolled populations of ``UNROLLED_CELLS`` cells train
-    one after another."""
+    being a row name (:data:`LAYOUTS`); the populations a sweep forms
+    (``sweep.trained_cells.populations``) train one after another."""
     networks = networks_of(space, cells, LAYOUTS[layout])
-    size = UNROLLED_CELLS if layout == "unrolled" else len(cells)
     run = recipe(data.num_examples, batch_size)
     times = {"first": 0.0, "timed": 0.0}
     with tempfile.TemporaryDirectory() as folder:
-        for start in range(0, len(cells), size):
+        for group in populations(range(len(cells)), LAYOUTS[layout]):
             for name, steps in (("first", 1), ("timed", timed_steps)):
                 started = time.perf_counter()
-                training.train_population(networks[start:start + size], data, Path(folder, f"{name}{start}"), run,
-                                          TECHNIQUES, seeds=list(range(start, min(start + size, len(cells)))),
-                                          attack_eps=EPS, attack_steps=attack_steps, checkpoint_every=10 ** 9,
-                                          log_every=10 ** 9, stop_after=steps, layout=LAYOUTS[layout])
+                training.train_population([networks[i] for i in group], data, Path(folder, f"{name}{group[0]}"), run,
+                                          TECHNIQUES, seeds=list(group), attack_eps=EPS, attack_steps=attack_steps,
+                                          checkpoint_every=10 ** 9, log_every=10 ** 9, stop_after=steps,
+                                          layout=LAYOUTS[layout])
                 times[name] += time.perf_counter() - started  # train_population returns host arrays: work is done
     return {"first_step_s": times["first"], "step_s": times["timed"] / timed_steps,
             "steps_per_run": run.total_steps(data.num_examples)}
@@ -156,9 +150,8 @@ def step_flops(space, cells: list, data, layout: str, batch_size: int = BATCH_SI
     def alone(steps, states):
         return jax.jit(steps[0]).lower(states[0], x, y, jax.random.key(0))
 
-    size = UNROLLED_CELLS if layout == "unrolled" else len(cells)
-    static = sum(lowered_flops(networks_of(space, cells[start:start + size], LAYOUTS[layout]), population)
-                 for start in range(0, len(cells), size))
+    static = sum(lowered_flops(networks_of(space, group, LAYOUTS[layout]), population)
+                 for group in populations(cells, LAYOUTS[layout]))
     own = sum(lowered_flops([standalone_network(space, c, trainable(space, c, key=jax.random.key(0)))], alone)
               for c in cells)
     executed = own if layout == "sequential" else static

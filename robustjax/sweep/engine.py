@@ -237,8 +237,7 @@ class Context:
         layout = trained_cells.layout(self.sweep.layout)
         for key, ids in untrained.items():
             cells = self.cell_trainings[key]
-            size = trained_cells.UNROLLED_CELLS if layout == "unrolled" else len(ids)
-            for group in (ids[start:start + size] for start in range(0, len(ids), size)):
+            for group in trained_cells.populations(ids, layout):
                 trained_cells.train(cells, self.space, [self.cell(a)[1] for a in group],
                                     Path(self.sweep.trained_dir, key), self.training_data(cells.dataset, cells.split),
                                     checkpoint_every=self.sweep.plan.training.checkpoint_every, layout=layout,

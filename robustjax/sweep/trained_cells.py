@@ -59,6 +59,22 @@ def layout(sweep_layout: str) -> str:
     return "vmap" if sweep_layout == "masks" else "sequential"
 
 
+def populations(cells: Sequence, layout: str) -> list[Sequence]:
+    """``cells`` in the populations they train as under ``layout`` (``train_population``'s):
+    :data:`UNROLLED_CELLS` at a time unrolled, all together otherwise."""
+    size = UNROLLED_CELLS if layout == "unrolled" else len(cells)
+    return [cells[start:start + size] for start in range(0, len(cells), size)]
+
+
+def initial_network(space: NB201Space, config: NB201Config, key: jax.Array, layout: str) -> Classifier:
+    """Cell ``config`` initialised from ``key`` (as ``robustjax train`` initialises it) in the
+    form ``layout`` trains it: at its own shapes unrolled, in the supernet's layout
+    (:func:`~robustjax.nas.trainable.trainable`) otherwise."""
+    if layout == "unrolled":
+        return build.as_classifier(space, build.build_network(space, config, key=key), config, name=config.arch_id)
+    return trainable(space, config, key=key, sequential=layout == "sequential")
+
+
 def grid(space: Any, run: TrainingRun, dataset: str) -> list[TrainedNetwork]:
     """The space's network (``nas.SPACE``) trained with each technique set of ``run``
     (``trained.grid``); a space that is not NAS-Bench-201's is refused here."""
@@ -81,10 +97,7 @@ def train(cells: TrainedNetwork, space: NB201Space, configs: Sequence[NB201Confi
     of the same cells was killed; then writes each cell's folder, card last, and removes the
     population's checkpoints."""
     recipe = cells.recipe
-    key = jax.random.key(recipe.seed)
-    networks = [build.as_classifier(space, build.build_network(space, config, key=key), config, name=config.arch_id)
-                if layout == "unrolled" else trainable(space, config, key=key, sequential=layout == "sequential")
-                for config in configs]
+    networks = [initial_network(space, config, jax.random.key(recipe.seed), layout) for config in configs]
     population = folder / "populations" / hashlib.sha256(
         json.dumps([c.index for c in configs]).encode()).hexdigest()[:12]
     try:
