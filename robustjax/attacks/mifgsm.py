@@ -46,7 +46,7 @@ class MIFGSM(GradientAscent):
     early_stop: bool = True
     l1_sparsity: float = 0.05
     eot_samples: int = 1
-    unroll: int | bool | None = None
+    unroll: int | bool | None = False
 
     def __post_init__(self):
         self.check_fields()
