@@ -49,6 +49,7 @@ from robustjax.classifier import Classifier
 from robustjax.data.dataset import ImageDataset, from_arrays
 from robustjax.distributed import to_host
 from robustjax.evaluation import metric_suite, sanity
+from robustjax.evaluation.compacted import compactable, population_attack
 from robustjax.evaluation.parallel import DataParallel
 from robustjax.evaluation.plan import REFERENCE_BASELINE, AttackRun, Plan
 from robustjax.evaluation.progress import UNTRACKED, Step
@@ -291,6 +292,12 @@ def _attack_fields(x_adv: jax.Array, success: jax.Array, queries: jax.Array, x: 
             **{norm: jax.vmap(lambda d, norm=norm: per_example_norm(d, norm))(delta) for norm in NORMS}}
 
 
+@jax.jit
+def _network_fields(result: AttackResult, x: jax.Array) -> dict:
+    """(networks, 1, batch) per record of an attack's result with a leading network axis."""
+    return jax.vmap(lambda r: _attack_fields(r.x_adv[None], r.success[None], r.queries[None], x))(result)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _attack_records(run: AttackRun, axes: Any, sequential: bool, classifier: Classifier, x: jax.Array,
                     y: jax.Array, key: jax.Array) -> dict:
@@ -507,6 +514,8 @@ class ItemRunner:
                     on_adversarial(b, x, y, mask, result.x_adv)
                 fields = jax.tree.map(lambda a: a[None], _attack_fields(result.x_adv, result.success,
                                                                         result.queries, x))
+            elif not run.swept and compactable(run.attack, classifier, x):
+                fields = _network_fields(population_attack(run.attack, axes, sequential, classifier, x, y, key), x)
             else:
                 fields = _attack_records(run, axes, sequential, classifier, x, y, key)
             parts.append({name: to_host(values)[..., mask] for name, values in fields.items()})

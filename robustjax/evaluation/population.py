@@ -11,9 +11,11 @@ ImageNet-P sequences and system noise) over every population with ``jax.vmap``: 
 gets exactly the results it would get evaluated alone with the same keys. Batches of
 examples are sharded over the local devices.
 
-Early stop works per network (each network's finished examples are masked inside its
-loop); compaction (moving unfinished examples into smaller batches) does not apply inside
-a population, whose networks share one static batch shape.
+Early stop works per network. On one device, an attack whose examples finish early runs
+compacted (``evaluation.compacted``): between segments each network's unfinished examples
+move into a smaller batch, the size that holds the most any network has left; a batch
+sharded over several devices, an epsilon sweep and a packed population keep one program,
+in which each network's finished examples are masked.
 """
 
 from __future__ import annotations
