@@ -155,16 +155,16 @@ def run_compacted(attack: Segmented, classifier, x, y, target, key, fields) -> A
     while active[:count].any():
         live = rows[:count][active[:count]]
         if (size := bucket(live.size, batch)) < rows.size:
-            state = _scatter(state, work, _write_back(rows, count, batch))
+            state = scatter_examples(state, work, write_back(rows, count, batch))
             rows, count = np.resize(live, size), live.size  # repeats fill the bucket
-            inputs, work = _take((x, y, target), rows), _take(state, rows)
+            inputs, work = take_examples((x, y, target), rows), take_examples(state, rows)
         work, active = _advance(attack, fields, classifier, *inputs, work)
         active = np.asarray(active)
-    state = _scatter(state, work, _write_back(rows, count, batch))
+    state = scatter_examples(state, work, write_back(rows, count, batch))
     return _finish(attack, fields, classifier, x, y, target, state)
 
 
-def _write_back(rows: np.ndarray, count: int, batch: int) -> np.ndarray:
+def write_back(rows: np.ndarray, count: int, batch: int) -> np.ndarray:
     """Where each row of the working batch goes in the whole one: out of range (dropped)
     for the repeats that fill the bucket."""
     return np.where(np.arange(rows.size) < count, rows, batch)
@@ -201,7 +201,7 @@ def nested_sweep(attack: Segmented, classifier, x, y, target, key, grid: np.ndar
 
 
 @jax.jit
-def _take(tree, rows):
+def take_examples(tree, rows):
     """The per-example leaves of ``tree`` at ``rows``; shared (rank-0) leaves as they are."""
     return jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else leaf[rows], tree)
 
@@ -225,7 +225,7 @@ def _advance(attack: Segmented, fields, classifier, x, y, target, state) -> tupl
 
 
 @jax.jit
-def _scatter(state, part, rows) -> State:
+def scatter_examples(state, part, rows) -> State:
     """``state`` with the examples of ``part`` written back at ``rows`` (rows out of range
     are dropped)."""
     return jax.tree.map(

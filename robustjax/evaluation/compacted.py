@@ -24,7 +24,15 @@ import jax
 import numpy as np
 
 from robustjax.attacks.base import Attack, AttackResult, split_traceable, with_traced_fields
-from robustjax.attacks.compaction import Segmented, bucket, compacts, on_one_device
+from robustjax.attacks.compaction import (
+    Segmented,
+    bucket,
+    compacts,
+    on_one_device,
+    scatter_examples,
+    take_examples,
+    write_back,
+)
 from robustjax.classifier import Classifier
 from robustjax.fast_conv import with_fast_convolutions
 from robustjax.nas.packing import PackedChoices
@@ -51,14 +59,14 @@ def population_attack(attack: Segmented, axes: Any, sequential: bool, classifier
     active = np.asarray(_active(static, fields, state))
     # The working batch: network n's examples at rows[n], its first count[n] real, the rest repeats.
     rows, count = np.broadcast_to(np.arange(batch), active.shape), np.full(active.shape[0], batch)
-    work, inputs = state, _examples(x, y, rows)
+    work, inputs = state, _examples((x, y), rows)
     while (running := _live(active, count)).any():
         live = [r[:c][a[:c]] for r, c, a in zip(rows, count, active)]
         if (size := bucket(max(part.size for part in live), batch)) < rows.shape[1]:
             state = _scatter(state, work, _write_back(rows, count, batch))
             rows = np.stack([np.resize(part, size) if part.size else np.zeros(size, int) for part in live])
             count = np.array([part.size for part in live])
-            work, inputs = _take(state, rows), _examples(x, y, rows)
+            work, inputs = _take(state, rows), _examples((x, y), rows)
         work, active = _advance(static, axes, sequential, fields, classifier, *inputs, work, running)
         active = np.asarray(active)
     state = _scatter(state, work, _write_back(rows, count, batch))
@@ -71,35 +79,15 @@ def _live(active: np.ndarray, count: np.ndarray) -> np.ndarray:
 
 
 def _write_back(rows: np.ndarray, count: np.ndarray, batch: int) -> np.ndarray:
-    """Where each row of the working batch goes in the whole one: out of range (dropped)
-    for the repeats that fill the bucket."""
-    return np.where(np.arange(rows.shape[1]) < count[:, None], rows, batch)
+    """Per network, where each row of its working batch goes in the whole one (``compaction.write_back``)."""
+    return np.stack([write_back(r, c, batch) for r, c in zip(rows, count)])
 
 
-@jax.jit
-def _take(state, rows):
-    """Per network, the per-example leaves of ``state`` at its ``rows``; its shared
-    (rank-0) leaves as they are."""
-    def one(leaf, r):
-        return leaf if leaf.ndim == 0 else leaf[r]
-
-    return jax.tree.map(lambda leaf: jax.vmap(one)(leaf, rows), state)
-
-
-@jax.jit
-def _examples(x, y, rows):
-    """Per network, the evaluated examples and labels at its ``rows``."""
-    return x[rows], y[rows]
-
-
-@jax.jit
-def _scatter(state, part, rows):
-    """``state`` with each network's examples of ``part`` written back at its ``rows``
-    (rows out of range are dropped)."""
-    def one(whole, new, r):
-        return new if whole.ndim == 0 else whole.at[r].set(new, mode="drop")
-
-    return jax.tree.map(lambda whole, new: jax.vmap(one)(whole, new, rows), state, part)
+# Per network: its state's examples at its rows, the evaluated batch's at its rows, and its
+# working batch written back into its state (``attacks.compaction``'s, mapped over networks).
+_take = jax.jit(jax.vmap(take_examples))
+_examples = jax.jit(jax.vmap(take_examples, in_axes=(None, 0)))
+_scatter = jax.jit(jax.vmap(scatter_examples))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
