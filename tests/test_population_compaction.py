@@ -77,3 +77,6 @@ def test_packed_populations_and_attacks_that_never_finish_early_keep_one_program
     assert not compacted.compactable(rj.attacks.PGD(eps=0.1), packed.classifier, x)
     assert not compacted.compactable(rj.attacks.PGD(eps=0.1, early_stop=False), masks.classifier, x)
     assert not compacted.compactable(rj.attacks.FGSM(eps=0.1), masks.classifier, x)
+    with pytest.raises(ValueError, match=r"FGSM on this population cannot run compacted: it needs a Segmented"):
+        compacted.population_attack(rj.attacks.FGSM(eps=0.1), masks.axes, False, masks.classifier, x,
+                                    np.zeros(len(x), np.int32), jax.random.key(0))

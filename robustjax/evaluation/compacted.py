@@ -52,7 +52,12 @@ def population_attack(attack: Segmented, axes: Any, sequential: bool, classifier
                       y: jax.Array, key: jax.Array) -> AttackResult:
     """``attack`` on every network of the population ``classifier`` (its params' network
     axes ``axes``; ``sequential`` as in ``nas.population.over_networks``), same key, run
-    compacted: each leaf of the result has a leading network axis."""
+    compacted: each leaf of the result has a leading network axis. Refuses a population or
+    attack that :func:`compactable` does not accept."""
+    if not compactable(attack, classifier, x):
+        raise ValueError(f"{type(attack).__name__} on this population cannot run compacted: it needs a Segmented "
+                         "attack with early stop, a deterministic classifier, arrays on one device and a population "
+                         "that is not packed (run the one program, evaluation.items)")
     static, fields = split_traceable(attack)
     batch = x.shape[0]
     state = _start(static, axes, sequential, fields, classifier, x, y, key)
