@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from robustjax.losses import cross_entropy
 from robustjax.metrics import coverage as cov
 from robustjax.metrics import structure as st
 from tests.helpers import linear_classifier
@@ -27,9 +28,10 @@ def test_ebd_of_a_constant_classifier(key):
     np.testing.assert_allclose(d, [126 / 255, 0.0, 126 / 255], rtol=1e-6)
 
 
-def test_ebd_matches_brute_force(digits_clf, digits_batch, key):
-    x, y = jnp.asarray(digits_batch[0][:4]), jnp.asarray(digits_batch[1][:4])
-    grid = np.arange(0, 40, 4) / 255
+@pytest.mark.parametrize("images", [4, 32])  # 32: the pending images move on in a batch of 16
+def test_ebd_matches_brute_force(digits_clf, digits_batch, key, images):
+    x, y = jnp.asarray(digits_batch[0][:images]), jnp.asarray(digits_batch[1][:images])
+    grid = np.arange(0, 255, 12) / 255  # 32 images: half of them flip by the 11th magnitude
     d = st.boundary_distances(digits_clf, x, y, key=key, num_directions=6, magnitudes=grid, direction_batch=4)
     # Reference: every (image, direction, magnitude), first flip per direction, min over directions.
     directions = st.random_directions(key, 6, x.shape[1:])
@@ -40,6 +42,32 @@ def test_ebd_matches_brute_force(digits_clf, digits_batch, key):
     np.testing.assert_allclose(d, first.min(0), rtol=1e-6)
     again = st.boundary_distances(digits_clf, x, y, key=key, num_directions=6, magnitudes=grid, direction_batch=4)
     np.testing.assert_array_equal(d, again)  # keyed
+
+
+def test_ebd2_matches_the_plain_loop(digits_clf, digits_batch):
+    """32 digits (the pending ones move to a batch of 16): each image's steps are those of
+    sign-gradient steps on its own, until its prediction changes."""
+    x, y = jnp.asarray(digits_batch[0]), jnp.asarray(digits_batch[1])
+    steps, capped = st.boundary_steps(digits_clf, x, y, step_size=0.01, max_steps=40)
+
+    def loss(z, label):
+        return jnp.sum(cross_entropy(digits_clf(z[None]), label[None]))
+
+    sign_step = jax.jit(lambda z, label: jnp.clip(z + 0.01 * jnp.sign(jax.grad(loss)(z, label)), 0.0, 1.0))
+    predict = jax.jit(lambda z: jnp.argmax(digits_clf(z[None])))
+    expected, expected_capped = [], []
+    for image, label in zip(x, y):
+        clean, z = predict(image), image
+        for step in range(41):
+            if predict(z) != clean:
+                expected.append(step), expected_capped.append(False)
+                break
+            z = sign_step(z, label)
+        else:
+            expected.append(40), expected_capped.append(True)
+    np.testing.assert_array_equal(steps, expected)
+    np.testing.assert_array_equal(capped, expected_capped)
+    assert 0 < sum(expected_capped) < len(y) and len(set(expected)) > 3, expected
 
 
 def test_ebd2_hand_computed():

@@ -50,6 +50,7 @@ from robustjax.losses import cross_entropy
 from robustjax.metrics.accumulator import Ratio, batch_count, check_mergeable, setting
 from robustjax.metrics.behaviour import check_logits_and_labels
 from robustjax.metrics.coverage import ConvNeuron, neuron_values
+from robustjax.ops.pending import while_pending
 
 EBD_MAGNITUDES = tuple(float(m) for m in np.arange(0, 127, 2) / 255)  # the toolkit's grid
 
@@ -69,23 +70,19 @@ def random_directions(key: Key[Array, ""], num_directions: int, shape: tuple[int
 def _boundary_distances(classifier, x, y, key, magnitudes, num_directions, direction_batch):
     directions = random_directions(key, num_directions, x.shape[1:])
 
-    def any_flip(magnitude):
+    def step(index, state, inputs):
+        distance, done = state
+        x, y = inputs
+        magnitude = magnitudes[index]
+
         def flips(direction):
             return jnp.argmax(classifier(jnp.clip(x + magnitude * direction, 0.0, 1.0)), -1) != y
 
-        return jnp.any(jax.lax.map(flips, directions, batch_size=direction_batch), axis=0)
+        flipped = jnp.any(jax.lax.map(flips, directions, batch_size=direction_batch), axis=0) & ~done
+        return jnp.where(flipped, magnitude, distance), done | flipped
 
-    def cond(state):
-        index, _, done = state
-        return (index < magnitudes.shape[0]) & ~jnp.all(done)
-
-    def body(state):
-        index, distance, done = state
-        flipped = any_flip(magnitudes[index]) & ~done
-        return index + 1, jnp.where(flipped, magnitudes[index], distance), done | flipped
-
-    start = (0, jnp.full(y.shape, magnitudes[-1]), jnp.zeros(y.shape, bool))
-    return jax.lax.while_loop(cond, body, start)[1]
+    start = (jnp.full(y.shape, magnitudes[-1]), jnp.zeros(y.shape, bool))
+    return while_pending(step, lambda state: ~state[1], start, (x, y), magnitudes.shape[0])[0]
 
 
 def boundary_distances(
@@ -141,27 +138,22 @@ class BoundaryDistanceStats(Ratio):
 
 @functools.partial(jax.jit, static_argnames=("max_steps",))
 def _boundary_steps(classifier, x, y, step_size, max_steps):
-    def loss(z):
+    def loss(z, y):
         logits = classifier(z)
         return jnp.sum(cross_entropy(logits, y)), logits
 
-    clean = jnp.argmax(classifier(x), -1)
-
-    def cond(state):
-        step, _, _, done = state
-        return (step <= max_steps) & ~jnp.all(done)
-
-    def body(state):
-        step, z, steps, done = state
-        (_, logits), grad = jax.value_and_grad(loss, has_aux=True)(z)
+    def step(index, state, inputs):
+        z, steps, done = state
+        clean, y = inputs
+        (_, logits), grad = jax.value_and_grad(loss, has_aux=True)(z, y)
         changed = (jnp.argmax(logits, -1) != clean) & ~done
-        steps = jnp.where(changed, step, steps)
         done = done | changed
         moved = jnp.clip(z + step_size * jnp.sign(grad), 0.0, 1.0)
-        return step + 1, jnp.where(done[:, None, None, None], z, moved), steps, done
+        return jnp.where(done[:, None, None, None], z, moved), jnp.where(changed, index, steps), done
 
-    start = (0, x, jnp.full(y.shape, max_steps, jnp.int32), jnp.zeros(y.shape, bool))
-    _, _, steps, done = jax.lax.while_loop(cond, body, start)
+    start = (x, jnp.full(y.shape, max_steps, jnp.int32), jnp.zeros(y.shape, bool))
+    clean = jnp.argmax(classifier(x), -1)
+    _, steps, done = while_pending(step, lambda state: ~state[2], start, (clean, y), max_steps + 1)
     return steps, ~done
 
 
