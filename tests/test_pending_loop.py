@@ -4,6 +4,8 @@ own number of iterations rather than the slowest example's."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from robustjax.ops.pending import halving_sizes, while_pending
 
@@ -11,7 +13,7 @@ NEEDS = np.random.default_rng(0).integers(0, 30, size=50)
 STRIDES = np.arange(50) % 3 + 1
 
 
-def _count_to(needs, limit, strides=STRIDES):
+def _count_to(needs, limit, strides=jnp.asarray(STRIDES)):
     """Each example counts by its stride (an input) until it reaches its need, over a ladder
     down to 4; ``visits`` counts the steps computed on each example's row."""
 
@@ -19,9 +21,8 @@ def _count_to(needs, limit, strides=STRIDES):
         count, visits, need = state
         return count + stride * (count < need), visits + 1, need
 
-    start = (jnp.zeros_like(needs), jnp.zeros_like(needs), needs)
-    count, visits, _ = while_pending(step, lambda state: state[0] < state[2], start, jnp.asarray(strides), limit,
-                                     smallest=4)
+    start = (jnp.zeros(needs.shape, needs.dtype), jnp.zeros(needs.shape, needs.dtype), needs)
+    count, visits, _ = while_pending(step, lambda state: state[0] < state[2], start, strides, limit, smallest=4)
     return count, visits
 
 
@@ -53,3 +54,13 @@ def test_vmapped_over_populations_each_gets_its_own_result():
     needs = np.stack([NEEDS, NEEDS[::-1] // 2])
     count, _ = jax.vmap(_count_to, in_axes=(0, None))(jnp.asarray(needs), 100)
     np.testing.assert_array_equal(count, [_expected(n, 100) for n in needs])
+
+
+def test_inside_shard_map_each_shard_runs_its_own_examples():
+    """Over the 8 simulated devices, each shard's loop starts from constants (the counts)
+    and steps its own examples: the unsharded results."""
+    mesh = jax.make_mesh((8,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
+    needs, strides = NEEDS[:48], STRIDES[:48]
+    sharded = jax.shard_map(lambda n, s: _count_to(n, 100, s)[0], mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
+    count = sharded(*jax.device_put((jnp.asarray(needs), jnp.asarray(strides)), NamedSharding(mesh, P("batch"))))
+    np.testing.assert_array_equal(count, -(-needs // strides) * strides)

@@ -7,7 +7,7 @@ still pending fit in the next size, they are gathered into it and the loop goes 
 and each size's results are scattered back when it leaves. The work is at most about twice
 what each example needs on its own (against the batch times the slowest example's
 iterations), the shapes are static, and the function stays pure: it can be jitted, vmapped
-and sharded like the plain loop. Each size of the ladder is one more copy of the loop's
+sharded and run inside ``shard_map`` like the plain loop. Each size of the ladder is one more copy of the loop's
 body in the program.
 
 The loop must treat examples independently (an example's step reads only its own rows, as
@@ -22,6 +22,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from robustjax.sharding import varying_like
 
 State = Any  # a pytree of arrays whose leading axis is the batch
 
@@ -46,6 +48,7 @@ def while_pending(step: Callable[[jax.Array, State, State], State], pending: Cal
     """
     batch = jax.tree.leaves(inputs)[0].shape[0]
     sizes = halving_sizes(batch, smallest)
+    state = varying_like(state, *jax.tree.leaves(inputs))  # inside shard_map: per shard, as the inputs
     index = jnp.int32(0)
     for level, size in enumerate(sizes):
         leave_at = sizes[level + 1] if level + 1 < len(sizes) else 0
