@@ -6,9 +6,9 @@ a ladder of batch sizes (the batch, then halves down to ``smallest``): once the 
 still pending fit in the next size, they are gathered into it and the loop goes on there,
 and each size's results are scattered back when it leaves. The work is at most about twice
 what each example needs on its own (against the batch times the slowest example's
-iterations), the shapes are static, and the function stays pure: it can be jitted, vmapped
-sharded and run inside ``shard_map`` like the plain loop. Each size of the ladder is one more copy of the loop's
-body in the program.
+iterations), the shapes are static, and the function stays pure: it can be jitted, vmapped,
+sharded and run inside ``shard_map`` like the plain loop. Each size of the ladder is one
+more copy of the loop's body in the program.
 
 The loop must treat examples independently (an example's step reads only its own rows, as
 a model in inference mode does) and leave a finished example as it is: a finished example
