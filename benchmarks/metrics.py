@@ -9,8 +9,10 @@ residual blocks and the linear head. robustjax streams jitted ``update`` calls o
 ``NeuronBounds``, ``KMultisectionCoverage``, ``BoundaryCoverage`` and ``TopKCoverage``;
 the peer runs the PyTorch twin (``benchmarks/torch_resnet.py``) with forward hooks and
 computes the same definitions in NumPy. EBD: M random orthonormal directions, the toolkit's
-64-magnitude grid, both sides scanning magnitudes upwards for all directions and stopping
-once every image has flipped (the same work). Images are uniform noise (weights are random,
+64-magnitude grid, both sides scanning magnitudes upwards for all directions, each image
+until it flips: the peer drops the flipped images at each magnitude, robustjax moves the
+images left into batches of half the size (``ops.pending``), at most about twice the
+peer's work. Images are uniform noise (weights are random,
 ``pretrained=False``). Each row reports images/s, the ratio and the largest difference
 between the two results. Results: results/metrics.BACKEND.json.
 """
@@ -122,23 +124,25 @@ def peer_coverage(neurons, batches):
 
 
 def peer_ebd(model, x, y, directions, magnitudes, device, direction_batch):
+    """EBD as a PyTorch user writes it: each magnitude of the grid in turn, on the images
+    not resolved yet (as robustjax's ``boundary_distances`` computes them)."""
     x = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(device)
     y = torch.from_numpy(np.array(y)).to(device)
     d = torch.from_numpy(np.ascontiguousarray(np.asarray(directions).transpose(0, 3, 1, 2))).to(device)
     distance = torch.full(y.shape, float(magnitudes[-1]), device=device)
-    done = torch.zeros(y.shape, dtype=torch.bool, device=device)
+    pending = torch.arange(len(y), device=device)
     with torch.no_grad():
         for m in magnitudes:
-            flipped = torch.zeros_like(done)
+            images, labels = x[pending], y[pending]
+            flipped = torch.zeros(len(pending), dtype=torch.bool, device=device)
             for start in range(0, d.shape[0], direction_batch):
                 chunk = d[start:start + direction_batch]
-                moved = (x[None] + float(m) * chunk[:, None]).clamp(0, 1).reshape(-1, *x.shape[1:])
+                moved = (images[None] + float(m) * chunk[:, None]).clamp(0, 1).reshape(-1, *x.shape[1:])
                 pred = model(moved).argmax(-1).reshape(chunk.shape[0], -1)
-                flipped |= (pred != y[None]).any(0)
-            newly = flipped & ~done
-            distance[newly] = float(m)
-            done |= newly
-            if bool(done.all()):
+                flipped |= (pred != labels[None]).any(0)
+            distance[pending[flipped]] = float(m)
+            pending = pending[~flipped]
+            if len(pending) == 0:
                 break
     return distance.cpu().numpy()
 

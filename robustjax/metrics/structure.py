@@ -98,10 +98,13 @@ def boundary_distances(
     """EBD_i per image: the smallest grid magnitude at which some random direction changes
     the prediction away from the label (the largest magnitude when none does).
 
-    Magnitudes are scanned in ascending order for all directions at once and the scan stops
-    once every image is resolved, which gives min_j of each direction's first flip exactly.
-    The same ``key`` gives the same directions, shared by every image of the call.
-    ``direction_batch`` directions go through the network together (memory knob).
+    Magnitudes are scanned in ascending order for all directions at once, and an image leaves
+    the scan once resolved, which gives min_j of each direction's first flip exactly. The
+    images still scanning move on in batches of half the size
+    (:func:`ops.pending.while_pending`), so the work follows each image's own distance, not
+    the batch's largest. The same ``key`` gives the same directions, shared by every image
+    of the call. ``direction_batch`` directions go through the network together (memory
+    knob).
     """
     check_batch(classifier, x, y)
     check_positive_int(num_directions, "num_directions")
@@ -167,7 +170,9 @@ def boundary_steps(
 ) -> tuple[Int[Array, " b"], Bool[Array, " b"]]:
     """EBD-2 per image: (sign-gradient steps until the prediction changes, capped mask).
 
-    Capped images (no change within ``max_steps``) report ``max_steps``.
+    Capped images (no change within ``max_steps``) report ``max_steps``. An image stops
+    stepping once its prediction changes, and the images still stepping move on in batches
+    of half the size (:func:`ops.pending.while_pending`).
     """
     check_batch(classifier, x, y)
     check_positive_float(step_size, "step_size")
