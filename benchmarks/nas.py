@@ -3,7 +3,7 @@
     python -m benchmarks.nas --space nb201_digits --networks 64 --alone 8
     python -m benchmarks.nas --space bignas_resnet_basic_digits --networks 64 --alone 8
     python -m benchmarks.nas --space nb201 --networks 64 --alone 2 --torch 2   # CIFAR size, for a GPU
-    python -m benchmarks.nas --scale cifar     # CIFAR size on a CPU: 4 networks, 1 alone, 2 in torch
+    python -m benchmarks.nas --scale cifar     # CIFAR size on a CPU: 32 networks, 1 alone, 2 in torch
 
 The plan is clean accuracy, FGSM and PGD-10 (Linf, eps 0.1) on 256 test digits, each
 subnet sliced from the bundled supernet with batch norm recalibrated on 1,024 training
@@ -343,9 +343,9 @@ def main() -> None:
     parser.add_argument("--layout", default="auto", choices=rj.nas.population.LAYOUTS,
                         help="how a population runs (nas.population.choose_layout; default: %(default)s)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--scale", choices=["cifar"], help="cifar: --space nb201 --networks 4 --alone 1 --torch 2 "
-                        "--population-size 4, 256 calibration images and no warm rows (NB201 C=16, N=5 on 32x32 "
-                        "random images, sized for a 2-core CPU)")
+    parser.add_argument("--scale", choices=["cifar"], help="cifar: --space nb201 --networks 32 --alone 1 --torch 2 "
+                        "--population-size 16, 256 calibration images and no warm rows (NB201 C=16, N=5 on 32x32 "
+                        "random images, sized for a 2-core CPU: about 14 minutes)")
     parser.add_argument("--arithmetic", action="store_true", help="only the FLOPs each layout executes over the "
                         "networks' own (8 networks) and, for NB201, the programs a sweep of all cells compiles; "
                         "nothing timed")
@@ -354,7 +354,7 @@ def main() -> None:
         return write_arithmetic(args.space, args.population_size, args.out)
     calibration_images, warm = CALIBRATION_IMAGES, True
     if args.scale == "cifar":
-        args.space, args.networks, args.alone, args.torch, args.population_size = "nb201", 4, 1, 2, 4
+        args.space, args.networks, args.alone, args.torch, args.population_size = "nb201", 32, 1, 2, 16
         calibration_images, warm = CIFAR_CALIBRATION_IMAGES, False
     measured = measure(args.space, networks=args.networks, alone=args.alone, torch=args.torch,
                        population_size=args.population_size, threads=args.threads,
