@@ -2,11 +2,13 @@
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
 import robustjax as rj
 from robustjax.evaluation.resume import examples_digest, weights_digest
+from tests.helpers import count_compiles
 from tests.test_cli import run
 
 torch = pytest.importorskip("torch")
@@ -40,7 +42,11 @@ def test_convert_then_evaluate_the_converted_weights(tmp_path, capsys, suffix):
     assert code == 0, err
     assert "robustjax evaluate --model resnet20_cifar --weights" in out
 
-    clf = rj.zoo.create("resnet20_cifar", weights=out_dir)
+    jax.clear_caches()
+    key = jax.random.key(0)
+    with count_compiles() as compiles:  # built with shapes only: no initialisation to compute and throw away
+        clf = rj.zoo.create("resnet20_cifar", weights=out_dir, key=key)
+    assert compiles[0] == 0
     x = np.random.default_rng(0).uniform(size=(4, 32, 32, 3)).astype(np.float32)
     with torch.no_grad():
         mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (clf.mean, clf.std))

@@ -130,5 +130,6 @@ class Supernet:
             theirs, ours = describe_space(stored), describe_space(space)
             differ = ", ".join(f"{k}={theirs[k]} (expected {ours.get(k)})" for k in theirs if theirs[k] != ours.get(k))
             raise ValueError(f"{str(folder)!r} holds a supernet of {stored.name}, not of {space.name}: {differ}")
-        empty = cls.create(stored, key=jax.random.key(0))
-        return cls(stored, empty.graphdef, load_weights(folder / "weights", empty.state))
+        # built with shapes only: the stored weights replace every array
+        graphdef, empty = nnx.split(nnx.eval_shape(lambda: build.build_supernet(stored, key=jax.random.key(0))))
+        return cls(stored, graphdef, load_weights(folder / "weights", empty))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 from flax import nnx
 
@@ -59,14 +61,18 @@ class DigitsCNN(nnx.Module):
 
 
 def digits_classifier(
-    name: str, module: nnx.Module, *, num_classes: int, pretrained: bool
+    name: str, build: Callable[[], nnx.Module], *, num_classes: int, pretrained: bool
 ) -> Classifier:
-    """Wraps a freshly built digits ``module`` as classifier ``name``; with ``pretrained`` it
-    first loads the weights bundled in ``models/<name>``."""
+    """The digits module ``build()`` as classifier ``name``. With ``pretrained`` the module
+    is built with shapes only (``nnx.eval_shape``: no random initialisation to compile and
+    throw away) and takes the weights bundled in ``models/<name>``."""
     if pretrained:
         if num_classes != 10:
             raise ValueError(f"pretrained {name} has 10 classes, got num_classes={num_classes}")
+        module = nnx.eval_shape(build)
         nnx.update(module, load_weights(asset_dir(name) / "weights", nnx.state(module)))
+    else:
+        module = build()
     return Classifier.from_nnx(
         module, num_classes=num_classes, input_shape=INPUT_SHAPE, mean=MEAN, std=STD, name=name
     )
@@ -75,8 +81,8 @@ def digits_classifier(
 @register_model(NAME, family="digits_cnn", weights=f"trained here: models/train_digits.py {NAME}")
 def digits_cnn(*, key: jax.Array, pretrained: bool = True, num_classes: int = 10) -> Classifier:
     """Small CNN trained on the embedded 8x8 digits (the default model)."""
-    module = DigitsCNN(num_classes, rngs=nnx.Rngs(params=key))
-    return digits_classifier(NAME, module, num_classes=num_classes, pretrained=pretrained)
+    return digits_classifier(NAME, lambda: DigitsCNN(num_classes, rngs=nnx.Rngs(params=key)),
+                             num_classes=num_classes, pretrained=pretrained)
 
 
 def card() -> dict:

@@ -35,8 +35,8 @@ class DigitsMLP(nnx.Module):
 @register_model(NAME, family="digits_mlp", weights=f"trained here: models/train_digits.py {NAME}")
 def digits_mlp(*, key: jax.Array, pretrained: bool = True, num_classes: int = 10) -> Classifier:
     """Two-hidden-layer MLP trained on the embedded 8x8 digits (the reference / surrogate model)."""
-    module = DigitsMLP(num_classes, rngs=nnx.Rngs(params=key))
-    return digits_classifier(NAME, module, num_classes=num_classes, pretrained=pretrained)
+    return digits_classifier(NAME, lambda: DigitsMLP(num_classes, rngs=nnx.Rngs(params=key)),
+                             num_classes=num_classes, pretrained=pretrained)
 
 
 def card() -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 from robustjax.checks import read_json_object
 from robustjax.classifier import Classifier
 from robustjax.registry import Registry
+from robustjax.zoo.abstract import build_abstract
 from robustjax.zoo.weights import load_weights
 
 
@@ -110,7 +111,7 @@ def create(
     entry = get(name)
     key = jax.random.key(0) if key is None else key
     if weights is not None:
-        return _with_stored_weights(entry, Path(weights), key, kwargs)
+        return _with_stored_weights(entry, Path(weights), kwargs)
     return entry.build(key=key, pretrained=pretrained, **kwargs)
 
 
@@ -132,7 +133,7 @@ def load(spec: str, *, weights: str | Path | None = None) -> Classifier:
     return classifier
 
 
-def _with_stored_weights(entry: ModelEntry, folder: Path, key: jax.Array, kwargs: dict) -> Classifier:
+def _with_stored_weights(entry: ModelEntry, folder: Path, kwargs: dict) -> Classifier:
     card_path = folder / "card.json"
     if not card_path.is_file():
         raise ValueError(f"{str(folder)!r} holds no converted weights (no card.json); see `robustjax zoo convert`")
@@ -140,7 +141,7 @@ def _with_stored_weights(entry: ModelEntry, folder: Path, key: jax.Array, kwargs
     if card.get("name") != entry.name:
         raise ValueError(f"{str(folder)!r} holds weights of {card.get('name')!r}, not {entry.name!r}")
     kwargs = {"num_classes": card["num_classes"], **card.get("build_kwargs", {}), **kwargs}
-    classifier = entry.build(key=key, pretrained=False, **kwargs)
+    classifier = build_abstract(entry.build, **kwargs)  # shapes only: no initialisation to throw away
     return classifier.replace(params=load_weights(folder / "weights", classifier.params))
 
 

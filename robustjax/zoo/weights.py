@@ -58,7 +58,8 @@ def _keys_like(expected, stored):
 
 def load_weights(path: str | Path, state: nnx.State) -> nnx.State:
     """A copy of ``state`` with its arrays replaced by those stored at ``path`` (``state``
-    itself is left as it was)."""
+    itself is left as it was). ``state`` may be abstract (``jax.ShapeDtypeStruct`` leaves,
+    from ``nnx.eval_shape``)."""
     path = Path(path).resolve()
     if not path.is_dir():
         raise ValueError(f"no weights at {str(path)!r}")
@@ -70,7 +71,7 @@ def load_weights(path: str | Path, state: nnx.State) -> nnx.State:
     expected = nnx.to_pure_dict(state)
     stored = _keys_like(expected, stored)
     check_compatible(expected, stored, str(path))
-    stored = jax.tree.map(lambda e, s: np.asarray(s, dtype=np.asarray(e).dtype), expected, stored)
+    stored = jax.tree.map(lambda e, s: np.asarray(s, dtype=e.dtype), expected, stored)
     restored = jax.tree.map(lambda leaf: leaf, state)  # a new State: the caller's is not modified
     nnx.replace_by_pure_dict(restored, stored)
     return restored
