@@ -109,10 +109,9 @@ def create(
     count. ``key`` seeds the random initialisation (default ``jax.random.key(0)``).
     """
     entry = get(name)
-    key = jax.random.key(0) if key is None else key
-    if weights is not None:
+    if weights is not None:  # nothing is initialised: the key is not used
         return _with_stored_weights(entry, Path(weights), kwargs)
-    return entry.build(key=key, pretrained=pretrained, **kwargs)
+    return entry.build(key=jax.random.key(0) if key is None else key, pretrained=pretrained, **kwargs)
 
 
 def load(spec: str, *, weights: str | Path | None = None) -> Classifier:
