@@ -4,6 +4,7 @@ own number of iterations rather than the slowest example's."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -33,6 +34,15 @@ def _expected(needs, limit):
 def test_halving_sizes():
     assert halving_sizes(250) == (250, 125, 63, 32, 16)
     assert halving_sizes(40) == (40, 20) and halving_sizes(4) == (4,)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="smallest"):
+        halving_sizes(8, 0)  # would halve forever
+    with pytest.raises(ValueError, match="limit"):
+        _count_to(jnp.asarray(NEEDS), -1)
+    with pytest.raises(ValueError, match="inputs"):
+        while_pending(lambda i, s, x: s, lambda s: s > 0, jnp.zeros(3), (), 5)
 
 
 def test_each_example_gets_its_own_iterations_and_about_its_own_work():

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from robustjax.checks import check_positive_int
 from robustjax.sharding import varying_like
 
 State = Any  # a pytree of arrays whose leading axis is the batch
@@ -30,6 +31,8 @@ State = Any  # a pytree of arrays whose leading axis is the batch
 
 def halving_sizes(batch: int, smallest: int = 16) -> tuple[int, ...]:
     """``batch``, then halves of it (rounded up) while they stay at least ``smallest``."""
+    check_positive_int(batch, "batch")
+    check_positive_int(smallest, "smallest")
     sizes = [batch]
     while -(-sizes[-1] // 2) >= smallest:
         sizes.append(-(-sizes[-1] // 2))
@@ -46,7 +49,12 @@ def while_pending(step: Callable[[jax.Array, State, State], State], pending: Cal
     the batch as leading axis; ``step`` maps a batch of them to its next state. The result
     equals the plain loop's up to the model's rounding on batches of another size.
     """
-    batch = jax.tree.leaves(inputs)[0].shape[0]
+    leaves = jax.tree.leaves(inputs)
+    if not leaves or jnp.ndim(leaves[0]) == 0:
+        raise ValueError("inputs must hold arrays with the batch as leading axis, got no batched array")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be an integer >= 0, got {limit!r}")
+    batch = leaves[0].shape[0]
     sizes = halving_sizes(batch, smallest)
     state = varying_like(state, *jax.tree.leaves(inputs))  # inside shard_map: per shard, as the inputs
     index = jnp.int32(0)
